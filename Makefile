@@ -1,0 +1,35 @@
+# imagebench: `make demo` and `make test` are all a fresh machine needs (Python 3.11).
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-stamp
+# Quiet Prefect's telemetry on the ephemeral API (it prints a "database is locked" traceback otherwise).
+export PREFECT_SERVER_ANALYTICS_ENABLED := false
+export GX_ANALYTICS_ENABLED := false
+
+.PHONY: setup demo test serve bench clean-demo
+
+setup: $(STAMP)
+
+$(STAMP): requirements.lock pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -r requirements.lock
+	$(PY) -m pip install --quiet --no-deps -e .
+	touch $(STAMP)
+
+demo: setup
+	$(VENV)/bin/imagebench demo
+
+test: setup
+	$(VENV)/bin/pytest -q
+
+serve: setup
+	$(VENV)/bin/imagebench serve
+
+bench: setup
+	$(PY) bench/run_bench.py
+
+clean-demo:
+	rm -rf data/objects data/lake data/images data/staging data/reference data/demo-model data/imagebench.duckdb data/prefect

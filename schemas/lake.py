@@ -1,0 +1,112 @@
+"""Arrow schemas of every lake table. One table is written by exactly one task.
+
+Every table is partitioned by model: ``<lake>/<table>/model_id=<id>/data.parquet``. ``model_id``
+is also stored inside each file so readers need no hive partitioning.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+TS = pa.timestamp("us", tz="UTC")
+
+# Image states: every (model, prompt) of the suite gets exactly one row in `images`.
+IMAGE_STATES = ("ok", "quarantined", "missing")
+
+# Reasons an object is quarantined (column `reason` of `quarantine`, and of `images` when not ok).
+QUARANTINE_REASONS = (
+    "empty_file",
+    "not_decodable",
+    "truncated",
+    "unsupported_format",
+    "unsupported_mode",
+    "animated",
+    "too_small",
+    "too_large",
+    "decompression_bomb",
+    "bad_aspect_ratio",
+    "bad_key",
+    "unknown_prompt",
+    "duplicate_prompt",
+    "duplicate_image",
+)
+
+IMAGES = pa.schema(
+    [
+        pa.field("model_id", pa.string(), nullable=False),
+        pa.field("prompt_id", pa.string(), nullable=False),
+        pa.field("suite_version", pa.string(), nullable=False),
+        pa.field("state", pa.string(), nullable=False),
+        pa.field("reason", pa.string()),  # quarantine reason, or null
+        pa.field("object_uri", pa.string()),  # where the image came from (null when missing)
+        pa.field("image_sha256", pa.string()),  # sha256 of the object's bytes
+        pa.field("image_path", pa.string()),  # content-addressed copy, relative to the workspace
+        pa.field("format", pa.string()),  # PNG / JPEG / WEBP
+        pa.field("width", pa.int32()),
+        pa.field("height", pa.int32()),
+        pa.field("source_mode", pa.string()),  # PIL mode before RGB conversion
+        pa.field("byte_size", pa.int64()),
+        pa.field("source_fingerprint", pa.string(), nullable=False),  # sha256 of the model's object listing
+        pa.field("ingested_at", TS, nullable=False),
+    ]
+)
+
+QUARANTINE = pa.schema(
+    [
+        pa.field("model_id", pa.string(), nullable=False),
+        pa.field("object_uri", pa.string(), nullable=False),
+        pa.field("prompt_id", pa.string()),  # parsed from the key, when it parses
+        pa.field("reason", pa.string(), nullable=False),
+        pa.field("detail", pa.string(), nullable=False),  # human-readable message
+        pa.field("byte_size", pa.int64()),
+        pa.field("image_sha256", pa.string()),
+        pa.field("quarantined_at", TS, nullable=False),
+    ]
+)
+
+HPS_SCORES = pa.schema(
+    [
+        pa.field("model_id", pa.string(), nullable=False),
+        pa.field("prompt_id", pa.string(), nullable=False),
+        pa.field("suite_version", pa.string(), nullable=False),
+        pa.field("image_sha256", pa.string()),  # null only for imported scores without hashes
+        pa.field("scorer_name", pa.string(), nullable=False),
+        pa.field("scorer_id", pa.string(), nullable=False),  # hash of the scorer identity
+        pa.field("checkpoint_sha256", pa.string()),  # null for imported scores
+        pa.field("mu", pa.float64(), nullable=False),
+        pa.field("sigma", pa.float64()),
+        pa.field("source", pa.string(), nullable=False),  # "hpsv3" (scored here) or "import"
+        pa.field("uncalibrated", pa.bool_(), nullable=False),  # demo weights: not a real HPSv3 score
+        pa.field("scored_at", TS, nullable=False),
+    ]
+)
+
+MODEL_SCORES = pa.schema(
+    [
+        pa.field("model_id", pa.string(), nullable=False),
+        pa.field("suite_version", pa.string(), nullable=False),
+        pa.field("reference_version", pa.string(), nullable=False),
+        pa.field("reference_sha256", pa.string(), nullable=False),
+        pa.field("scorer_name", pa.string(), nullable=False),
+        pa.field("scorer_id", pa.string(), nullable=False),
+        pa.field("eps", pa.float64(), nullable=False),
+        pa.field("eps_prompts_scored", pa.int32(), nullable=False),
+        pa.field("eps_prompts_eligible", pa.int32(), nullable=False),
+        pa.field("eps_prompts_lost", pa.int32(), nullable=False),  # missing or quarantined: counted as 0
+        pa.field("images_ok", pa.int32(), nullable=False),
+        pa.field("images_quarantined", pa.int32(), nullable=False),
+        pa.field("images_missing", pa.int32(), nullable=False),
+        pa.field("complete", pa.bool_(), nullable=False),
+        pa.field("uncalibrated", pa.bool_(), nullable=False),
+        pa.field("source_fingerprint", pa.string()),  # listing fingerprint the scores were computed from
+        pa.field("run_id", pa.string(), nullable=False),
+        pa.field("scored_at", TS, nullable=False),
+    ]
+)
+
+TABLES: dict[str, pa.Schema] = {
+    "images": IMAGES,
+    "quarantine": QUARANTINE,
+    "hps_scores": HPS_SCORES,
+    "model_scores": MODEL_SCORES,
+}

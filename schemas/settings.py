@@ -1,0 +1,101 @@
+"""One settings object decides where everything lives (workspace, reference, object store, scorer).
+
+Values come from ``IMAGEBENCH_*`` environment variables, then from an optional YAML file named by
+``IMAGEBENCH_CONFIG``, then from the defaults below (the embedded local workspace).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, YamlConfigSettingsSource
+
+DEFAULT_BASE_MODEL = "Qwen/Qwen2-VL-7B-Instruct"
+DEFAULT_CHECKPOINT = "MizzenAI/HPSv3"  # HF repo holding HPSv3.safetensors
+DEFAULT_SUITE_VERSION = "imagebench-v1"
+# The reference a scoring run uses unless told otherwise. Build it once with real HPSv3 weights:
+# `imagebench reference build --version v1 --baseline baseline.txt` (see docs/REFERENCE.md).
+DEFAULT_REFERENCE_VERSION = "v1"
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="IMAGEBENCH_", extra="ignore")
+
+    home: Path = Field(default=Path("data"), description="workspace: lake, catalog, image cache")
+    reference_dir: Path = Field(default=Path("reference"), description="frozen suite + references")
+    reference_version: str = DEFAULT_REFERENCE_VERSION
+    suite_version: str = DEFAULT_SUITE_VERSION
+    # Object store: file:///dir, a plain directory, or s3://bucket/prefix. Default: <home>/objects.
+    store: str | None = None
+    s3_endpoint: str | None = None  # e.g. http://127.0.0.1:8333 for SeaweedFS/MinIO; None = AWS
+    s3_region: str | None = None
+
+    hpsv3_base_model: str = DEFAULT_BASE_MODEL
+    hpsv3_checkpoint: str = DEFAULT_CHECKPOINT
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    dtype: Literal["auto", "float32", "bfloat16"] = "auto"
+    batch_size: int = Field(default=8, ge=1, le=1024)
+    ingest_batch_size: int = Field(default=64, ge=1)
+    gpu_concurrency: int = Field(default=1, ge=1)
+
+    @field_validator("home", "reference_dir")
+    @classmethod
+    def _expand(cls, v: Path) -> Path:
+        return Path(os.path.expanduser(str(v)))
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
+        config_file = os.environ.get("IMAGEBENCH_CONFIG")
+        if config_file:
+            if not Path(config_file).is_file():
+                raise FileNotFoundError(f"IMAGEBENCH_CONFIG={config_file}: no such file")
+            sources.append(YamlConfigSettingsSource(settings_cls, yaml_file=config_file))
+        return tuple(sources)
+
+    # Derived locations inside the workspace -------------------------------------------------
+    @property
+    def lake_dir(self) -> Path:
+        return self.home / "lake"
+
+    @property
+    def catalog_path(self) -> Path:
+        return self.home / "imagebench.duckdb"
+
+    @property
+    def image_cache_dir(self) -> Path:
+        return self.home / "images"
+
+    @property
+    def staging_dir(self) -> Path:
+        return self.home / "staging"
+
+    @property
+    def store_uri(self) -> str:
+        return self.store or str((self.home / "objects").resolve())
+
+    @property
+    def suite_path(self) -> Path:
+        return self.reference_dir / f"suite-{self.suite_version}.jsonl"
+
+    @property
+    def reference_path(self) -> Path:
+        return self.reference_dir / f"eps-reference-{self.reference_version}.json"
+
+    @property
+    def sha256sums_path(self) -> Path:
+        return self.reference_dir / "SHA256SUMS"
+
+
+def load_settings(**overrides: object) -> Settings:
+    return Settings(**overrides)  # type: ignore[arg-type]
