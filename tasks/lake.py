@@ -1,0 +1,558 @@
+"""The results lake: one Parquet file per (table, model), and a DuckDB catalog of views over them.
+
+Layout (see docs/LAKE.md)::
+
+    <lake>/<table>/model_id=<id>/data.parquet     one model's rows (zstd); model_id also inside
+    <lake>/<table>/_schema/data.parquet           zero rows, the table's schema: keeps views valid
+    $IMAGEBENCH_HOME/imagebench.duckdb            views over the lake + prompts + leaderboard
+
+Writes are whole-partition and atomic: a temp file in the partition directory (name not ending in
+``.parquet``), fsync, ``os.replace``. A re-run replaces a model's partition whole; a crash leaves
+the previous version readable. Readers only ever open ``data.parquet``.
+
+Importing this module must stay cheap (the ``sql`` and ``leaderboard`` commands answer in ~1 s):
+no torch, prefect or great_expectations here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import uuid
+from collections.abc import Iterator, Sequence
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import duckdb
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from schemas.lake import TABLES
+from tasks.storage import validate_model_id  # one rule for model ids: ^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$, no '..'
+
+if TYPE_CHECKING:
+    from tasks.suite import Suite
+
+__all__ = [
+    "CATALOG_FORMAT",
+    "Lake",
+    "LakeCorrupt",
+    "LakeError",
+    "LakeSchemaError",
+    "ReadOnlyConnection",
+    "QueryError",
+    "ReadOnlyViolation",
+    "connect_readonly",
+    "query",
+    "refresh_catalog",
+    "validate_model_id",
+]
+
+DATA_FILE = "data.parquet"
+SCHEMA_DIR = "_schema"  # <lake>/<table>/_schema/data.parquet: typed, zero rows
+PARTITION_PREFIX = "model_id="
+COMPRESSION = "zstd"
+CATALOG_FORMAT = "imagebench-catalog/1"
+
+PROMPTS_SCHEMA = pa.schema(
+    [
+        pa.field("prompt_id", pa.string(), nullable=False),
+        pa.field("category", pa.string(), nullable=False),
+        pa.field("subcategory", pa.string(), nullable=False),
+        pa.field("tag", pa.string(), nullable=False),
+        pa.field("difficulty", pa.string(), nullable=False),
+        pa.field("prompt", pa.string(), nullable=False),
+        pa.field("question", pa.string(), nullable=False),
+        pa.field("eps_eligible", pa.bool_(), nullable=False),
+        pa.field("suite_version", pa.string(), nullable=False),
+    ]
+)
+
+
+class LakeError(RuntimeError):
+    """Base class of lake errors."""
+
+
+class LakeSchemaError(LakeError, ValueError):
+    """Data written to a table does not fit the table's schema (the message names the column)."""
+
+
+class LakeCorrupt(LakeError):
+    """A Parquet file of the lake cannot be read (the message names the file)."""
+
+
+class ReadOnlyViolation(LakeError, PermissionError):
+    """A statement other than a query was sent to a read-only catalog connection."""
+
+
+class QueryError(LakeError):
+    """DuckDB rejected a query (syntax, unknown table/column, permission): raised by :func:`query`
+    with DuckDB's message, so callers need not know DuckDB's exception classes."""
+
+
+def _schema_of(table: str) -> pa.Schema:
+    try:
+        return TABLES[table]
+    except KeyError:
+        raise ValueError(f"unknown lake table {table!r}; tables: {sorted(TABLES)}") from None
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _atomic_write_parquet(table: pa.Table, final: Path) -> None:
+    """Temp file in the same directory (never named *.parquet), fsync, os.replace, fsync dir."""
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = final.parent / f".{final.name}.{uuid.uuid4().hex}.tmp"
+    try:
+        pq.write_table(table, tmp, compression=COMPRESSION)
+        fd = os.open(tmp, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, final)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+        raise
+    _fsync_dir(final.parent)
+
+
+def conform(table: str, data: Any) -> pa.Table:
+    """Cast ``data`` (pyarrow Table, or anything with ``to_arrow()`` such as a polars DataFrame) to
+    the schema of ``table``: same column names, castable types, no nulls in required columns.
+    Raises :class:`LakeSchemaError` naming the table and the column."""
+    schema = _schema_of(table)
+    if not isinstance(data, pa.Table):
+        if hasattr(data, "to_arrow"):
+            data = data.to_arrow()
+        else:
+            raise TypeError(f"{table}: expected a pyarrow.Table, got {type(data).__name__}")
+    names = data.column_names
+    missing = [n for n in schema.names if n not in names]
+    extra = [n for n in names if n not in schema.names]
+    if missing or extra:
+        raise LakeSchemaError(
+            f"table {table!r}: columns do not match the schema: missing {missing}, unexpected {extra}"
+        )
+    arrays = []
+    for field in schema:
+        col = data.column(field.name)
+        if col.type != field.type:
+            try:
+                col = col.cast(field.type)
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
+                raise LakeSchemaError(
+                    f"table {table!r}, column {field.name!r}: cannot cast {col.type} to {field.type}: {exc}"
+                ) from exc
+        if not field.nullable and col.null_count:
+            raise LakeSchemaError(
+                f"table {table!r}, column {field.name!r}: {col.null_count} null value(s) in a required column"
+            )
+        arrays.append(col)
+    return pa.Table.from_arrays(arrays, schema=schema)
+
+
+class Lake:
+    """Parquet tables partitioned by model. One table is written by exactly one task."""
+
+    def __init__(self, lake_dir: str | os.PathLike[str]) -> None:
+        self.root = Path(lake_dir)
+
+    # paths ---------------------------------------------------------------------------------
+    def table_dir(self, table: str) -> Path:
+        _schema_of(table)
+        return self.root / table
+
+    def partition_path(self, table: str, model_id: str) -> Path:
+        validate_model_id(model_id)
+        return self.table_dir(table) / f"{PARTITION_PREFIX}{model_id}" / DATA_FILE
+
+    def schema_file(self, table: str) -> Path:
+        return self.table_dir(table) / SCHEMA_DIR / DATA_FILE
+
+    @contextlib.contextmanager
+    def _locked(self, table: str, model_id: str) -> Iterator[None]:
+        """Exclusive lock per partition (threads and processes on this machine): makes
+        read-modify-write in :meth:`replace_rows` safe against concurrent writers."""
+        part = self.partition_path(table, model_id).parent
+        part.mkdir(parents=True, exist_ok=True)
+        with open(part / ".lock", "a+") as fh:
+            fcntl.flock(fh, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(fh, fcntl.LOCK_UN)
+
+    # writes --------------------------------------------------------------------------------
+    def ensure_schema_file(self, table: str) -> Path:
+        """Write ``<lake>/<table>/_schema/data.parquet`` (zero rows, the table's schema) when it is
+        missing or stale, so catalog views always have a file to read."""
+        path = self.schema_file(table)
+        schema = _schema_of(table)
+        if path.is_file():
+            try:
+                if pq.read_schema(path).remove_metadata().equals(schema, check_metadata=False):
+                    return path
+            except (pa.ArrowException, OSError):
+                pass  # unreadable: rewrite it, it holds no data
+        _atomic_write_parquet(schema.empty_table(), path)
+        return path
+
+    def _write(self, table: str, model_id: str, data: pa.Table) -> Path:
+        bad = data.filter(pc.not_equal(data.column("model_id"), model_id))
+        if bad.num_rows:
+            others = sorted(set(bad.column("model_id").to_pylist()))
+            raise LakeSchemaError(
+                f"table {table!r}, column 'model_id': partition {model_id!r} got {bad.num_rows} row(s) "
+                f"of other model(s) {others[:5]}"
+            )
+        path = self.partition_path(table, model_id)
+        self.ensure_schema_file(table)
+        _atomic_write_parquet(data, path)
+        return path
+
+    def write_partition(self, table: str, model_id: str, data: Any) -> Path:
+        """Replace the model's partition of ``table`` with ``data`` (atomically, whole)."""
+        validate_model_id(model_id)
+        conformed = conform(table, data)
+        with self._locked(table, model_id):
+            return self._write(table, model_id, conformed)
+
+    def replace_rows(self, table: str, model_id: str, new: Any, match_on: Sequence[str]) -> Path:
+        """Upsert: drop the partition's rows whose ``match_on`` values equal those of any row of
+        ``new`` (nulls compare equal), append ``new``, rewrite the partition atomically."""
+        validate_model_id(model_id)
+        schema = _schema_of(table)
+        keys = list(match_on)
+        if not keys:
+            raise ValueError("match_on must name at least one column")
+        unknown = [k for k in keys if k not in schema.names]
+        if unknown:
+            raise ValueError(f"table {table!r}: match_on names unknown column(s) {unknown}")
+        conformed = conform(table, new)
+        with self._locked(table, model_id):
+            path = self.partition_path(table, model_id)
+            if path.is_file():
+                old = self._read_file(table, path)
+                new_keys = set(zip(*(conformed.column(k).to_pylist() for k in keys)))
+                old_keys = zip(*(old.column(k).to_pylist() for k in keys)) if old.num_rows else iter(())
+                keep = pa.array([k not in new_keys for k in old_keys], type=pa.bool_())
+                merged = pa.concat_tables([old.filter(keep), conformed]) if old.num_rows else conformed
+            else:
+                merged = conformed
+            return self._write(table, model_id, merged)
+
+    # reads ---------------------------------------------------------------------------------
+    def _read_file(self, table: str, path: Path) -> pa.Table:
+        schema = _schema_of(table)
+        try:
+            got = pq.read_table(path)
+        except (pa.ArrowException, OSError) as exc:
+            raise LakeCorrupt(f"{path}: corrupt or unreadable Parquet file: {exc}") from exc
+        arrays = []
+        for field in schema:
+            if field.name in got.column_names:
+                col = got.column(field.name)
+                if col.type != field.type:
+                    try:
+                        col = col.cast(field.type)
+                    except pa.ArrowException as exc:
+                        raise LakeCorrupt(f"{path}: column {field.name!r} has type {col.type}, schema says {field.type}") from exc
+            elif field.nullable:  # a column added to the schema after this file was written
+                col = pa.nulls(got.num_rows, field.type)
+            else:
+                raise LakeCorrupt(f"{path}: required column {field.name!r} is missing")
+            arrays.append(col)
+        return pa.Table.from_arrays(arrays, schema=schema)
+
+    def models(self, table: str) -> list[str]:
+        """Model ids that have a partition in ``table`` (sorted)."""
+        tdir = self.table_dir(table)
+        if not tdir.is_dir():
+            return []
+        out = []
+        for entry in tdir.iterdir():
+            if entry.name.startswith(PARTITION_PREFIX) and (entry / DATA_FILE).is_file():
+                out.append(entry.name[len(PARTITION_PREFIX):])
+        return sorted(out)
+
+    def read(self, table: str, model_ids: Sequence[str] | None = None) -> pa.Table:
+        """Rows of ``table`` (all models, or only ``model_ids``), cast to the table's schema; an
+        empty table with the schema when nothing is there. Corrupt files raise :class:`LakeCorrupt`."""
+        schema = _schema_of(table)
+        if model_ids is None:
+            ids = self.models(table)
+        else:
+            ids = sorted({validate_model_id(m) for m in model_ids})
+        parts = []
+        for m in ids:
+            path = self.partition_path(table, m)
+            if not path.is_file():
+                continue
+            part = self._read_file(table, path)
+            if part.num_rows and set(part.column("model_id").to_pylist()) != {m}:
+                raise LakeCorrupt(f"{path}: holds rows of another model than {m!r}")
+            parts.append(part)
+        if not parts:
+            return schema.empty_table()
+        return pa.concat_tables(parts)
+
+    def check_files(self) -> int:
+        """Read the footer of every partition file of every table: raises :class:`LakeCorrupt` on
+        the first unreadable one. Returns the number of files checked."""
+        n = 0
+        for table in TABLES:
+            for m in self.models(table):
+                path = self.partition_path(table, m)
+                try:
+                    pq.read_metadata(path)
+                except (pa.ArrowException, OSError) as exc:
+                    raise LakeCorrupt(f"{path}: corrupt or unreadable Parquet file: {exc}") from exc
+                n += 1
+        return n
+
+
+# ------------------------------------------------------------------------------------------
+# DuckDB catalog
+# ------------------------------------------------------------------------------------------
+
+
+def _sql_str(value: str) -> str:
+    return "'" + str(value).replace("'", "''") + "'"
+
+
+def _ident(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def _table_view_sql(lake_root: Path, table: str) -> str:
+    cols = ", ".join(_ident(n) for n in TABLES[table].names)
+    pattern = str(lake_root / table / "*" / DATA_FILE)
+    return (
+        f"CREATE VIEW {_ident(table)} AS SELECT {cols} FROM read_parquet({_sql_str(pattern)}, "
+        "union_by_name = true, hive_partitioning = false)"
+    )
+
+
+# Columns of the leaderboard view, in order. The next issue adds `capability` and `overall`
+# (a join on model_id with the verdict aggregates) between `eps` and the coverage columns.
+LEADERBOARD_COLUMNS = (
+    "rank",
+    "model_id",
+    "eps",
+    "eps_prompts_scored",
+    "eps_prompts_eligible",
+    "eps_prompts_lost",
+    "complete",
+    "uncalibrated",
+    "images_ok",
+    "images_quarantined",
+    "images_missing",
+    "scorer_name",
+    "scorer_id",
+    "suite_version",
+    "reference_version",
+    "reference_sha256",
+    "run_id",
+    "scored_at",
+)
+
+
+def _leaderboard_sql(suite_version: str, reference_version: str) -> str:
+    cols = ", ".join(_ident(c) for c in LEADERBOARD_COLUMNS if c != "rank")
+    return f"""
+CREATE VIEW leaderboard AS
+WITH latest AS (
+    SELECT * FROM model_scores
+    WHERE suite_version = {_sql_str(suite_version)} AND reference_version = {_sql_str(reference_version)}
+    QUALIFY row_number() OVER (PARTITION BY model_id ORDER BY scored_at DESC, run_id DESC) = 1
+)
+SELECT rank() OVER (ORDER BY eps DESC) AS "rank", {cols}
+FROM latest
+ORDER BY eps DESC, model_id
+"""
+
+
+def refresh_catalog(
+    lake_dir: str | os.PathLike[str],
+    catalog_path: str | os.PathLike[str],
+    suite: Suite,
+    reference_version: str,
+) -> Path:
+    """(Re)build the DuckDB catalog file atomically (temp file next to it, then ``os.replace``).
+
+    It holds one view per lake table over ``<lake>/<table>/*/data.parquet`` (absolute paths; new
+    partitions show up without a refresh), a ``prompts`` table from the suite, a ``leaderboard``
+    view (latest ``model_scores`` row per model for this suite and reference version) and a
+    one-row ``catalog_info`` table. Every partition file's footer is checked first: a corrupt
+    file raises :class:`LakeCorrupt` and the previous catalog stays in place.
+    """
+    lake = Lake(Path(lake_dir).resolve())
+    catalog = Path(catalog_path).resolve()
+    catalog.parent.mkdir(parents=True, exist_ok=True)
+    lake.root.mkdir(parents=True, exist_ok=True)
+    for table in TABLES:
+        lake.ensure_schema_file(table)
+    lake.check_files()
+
+    tmp = catalog.parent / f".{catalog.name}.{uuid.uuid4().hex}.tmp"
+    tmp_wal = Path(str(tmp) + ".wal")
+    try:
+        con = duckdb.connect(str(tmp))
+        try:
+            for table in TABLES:
+                con.execute(_table_view_sql(lake.root, table))
+            rows = suite.rows()
+            prompts = pa.Table.from_pylist(
+                [{k: r[k] for k in PROMPTS_SCHEMA.names} for r in rows], schema=PROMPTS_SCHEMA
+            )
+            con.register("_prompts_src", prompts)
+            con.execute("CREATE TABLE prompts AS SELECT * FROM _prompts_src ORDER BY prompt_id")
+            con.unregister("_prompts_src")
+            info = pa.table(
+                {
+                    "format": [CATALOG_FORMAT],
+                    "lake_dir": [str(lake.root)],
+                    "suite_version": [suite.version],
+                    "suite_sha256": [suite.sha256],
+                    "reference_version": [reference_version],
+                    "built_at": [datetime.now(timezone.utc)],
+                }
+            )
+            con.register("_info_src", info)
+            con.execute("CREATE TABLE catalog_info AS SELECT * FROM _info_src")
+            con.unregister("_info_src")
+            con.execute(_leaderboard_sql(suite.version, reference_version))
+            con.execute("CHECKPOINT")
+        finally:
+            con.close()
+        with contextlib.suppress(FileNotFoundError):
+            tmp_wal.unlink()
+        fd = os.open(tmp, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        # A WAL left by someone who opened the old catalog writable must not be replayed
+        # against the new file.
+        with contextlib.suppress(FileNotFoundError):
+            Path(str(catalog) + ".wal").unlink()
+        os.replace(tmp, catalog)
+    except BaseException:
+        for p in (tmp, tmp_wal):
+            with contextlib.suppress(FileNotFoundError):
+                p.unlink()
+        raise
+    _fsync_dir(catalog.parent)
+    return catalog
+
+
+# Statement types a read-only connection runs. Everything else (COPY, EXPORT, ATTACH, CREATE,
+# INSERT, SET, INSTALL/LOAD, ...) is refused before DuckDB sees it.
+_READ_STATEMENTS = frozenset({duckdb.StatementType.SELECT, duckdb.StatementType.EXPLAIN})
+
+
+class ReadOnlyConnection:
+    """A DuckDB connection to the catalog that only runs queries.
+
+    Two layers: (1) DuckDB itself: the file is opened ``read_only``, extensions cannot be
+    installed or auto-loaded, external access is off except reads under the lake directory
+    (``allowed_directories``), and the configuration is locked; (2) every statement is parsed
+    first and only SELECT/EXPLAIN statements (including DESCRIBE, SHOW, SUMMARIZE, which DuckDB
+    parses as SELECT) are run: layer (1) alone would still let ``COPY ... TO`` write inside the
+    lake directory. This guards against mistakes; it is not a sandbox for hostile SQL (DuckDB's
+    own advice: run untrusted SQL in an OS-level sandbox).
+    """
+
+    def __init__(self, con: duckdb.DuckDBPyConnection, catalog_path: Path, lake_dir: Path) -> None:
+        self._con = con
+        self.catalog_path = catalog_path
+        self.lake_dir = lake_dir
+
+    @staticmethod
+    def check(sql: str) -> None:
+        try:
+            statements = duckdb.extract_statements(sql)
+        except duckdb.Error as exc:
+            raise duckdb.ParserException(str(exc)) from exc
+        if not statements:
+            raise ValueError("empty SQL")
+        for st in statements:
+            if st.type not in _READ_STATEMENTS:
+                kind = str(st.type).rsplit(".", 1)[-1]
+                raise ReadOnlyViolation(
+                    f"read-only catalog: {kind} statements are not allowed, only queries "
+                    f"(SELECT, WITH, FROM, DESCRIBE, SHOW, SUMMARIZE, EXPLAIN): {st.query.strip()[:80]!r}"
+                )
+
+    def execute(self, sql: str, parameters: Sequence[Any] | dict[str, Any] | None = None) -> duckdb.DuckDBPyConnection:
+        """Run a query; returns DuckDB's cursor (``fetchall()``, ``description``, ``pl()``,
+        ``arrow()``, ``df()``)."""
+        self.check(sql)
+        if parameters is None:
+            return self._con.execute(sql)
+        return self._con.execute(sql, parameters)
+
+    def close(self) -> None:
+        self._con.close()
+
+    def __enter__(self) -> ReadOnlyConnection:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def connect_readonly(catalog_path: str | os.PathLike[str]) -> ReadOnlyConnection:
+    """Open the catalog for queries only (see :class:`ReadOnlyConnection`)."""
+    path = Path(catalog_path)
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"{path}: no catalog yet (it is built by the scoring flow, or `imagebench catalog refresh`)"
+        )
+    con = duckdb.connect(
+        str(path),
+        read_only=True,
+        config={
+            "autoinstall_known_extensions": False,
+            "autoload_known_extensions": False,
+            "allow_community_extensions": False,
+            "allow_unsigned_extensions": False,
+        },
+    )
+    try:
+        row = con.execute("SELECT lake_dir FROM catalog_info").fetchall()
+        if len(row) != 1:
+            raise LakeError(f"{path}: catalog_info must have exactly one row")
+        lake_dir = Path(row[0][0])
+        con.execute(f"SET allowed_directories = [{_sql_str(str(lake_dir) + os.sep)}]")
+        con.execute("SET enable_external_access = false")
+        con.execute("SET lock_configuration = true")
+    except BaseException:
+        con.close()
+        raise
+    return ReadOnlyConnection(con, path, lake_dir)
+
+
+def query(catalog_path: str | os.PathLike[str], sql: str) -> tuple[list[str], list[tuple]]:
+    """Run one read-only query against the catalog: ``(column names, rows)``. With several
+    statements, the result is the last one's. DuckDB errors become :class:`QueryError`; writes are
+    :class:`ReadOnlyViolation`."""
+    with connect_readonly(catalog_path) as con:
+        try:
+            cur = con.execute(sql)
+            columns = [d[0] for d in (cur.description or [])]
+            rows = cur.fetchall() if cur.description else []
+        except duckdb.Error as exc:
+            raise QueryError(f"{type(exc).__name__}: {exc}") from exc
+        return columns, rows
