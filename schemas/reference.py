@@ -25,6 +25,8 @@ class ScorerIdentity(BaseModel):
     transformers_version: str | None = None
     preprocessing: str | None = None  # e.g. "smart_resize(min=max=200704)+qwen2vl-image-processor"
     instruction_sha256: str | None = None
+    tokenizer_sha256: str | None = None  # tokenizer files + chat template of the base model
+    numerics: str | None = None  # e.g. "bfloat16+rope-official": dtype changes mu in the 2nd decimal
     uncalibrated: bool = False  # demo (random) weights
 
     @property
