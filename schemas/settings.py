@@ -38,7 +38,7 @@ class Settings(BaseSettings):
     device: Literal["auto", "cpu", "cuda"] = "auto"
     dtype: Literal["auto", "float32", "bfloat16"] = "auto"
     batch_size: int = Field(default=8, ge=1, le=1024)
-    ingest_batch_size: int = Field(default=64, ge=1)
+    task_batch_size: int = Field(default=64, ge=1, description="images per Prefect HPSv3 task")
     gpu_concurrency: int = Field(default=1, ge=1)
 
     @field_validator("home", "reference_dir")

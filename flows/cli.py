@@ -1,0 +1,376 @@
+"""The `imagebench` command line.
+
+Heavy packages (torch, transformers, Prefect, Great Expectations) are imported inside the
+commands that need them, so `sql` and `leaderboard` answer in about a second.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+
+from flows.output import OutputFormat, render
+from schemas.settings import Settings, load_settings
+
+app = typer.Typer(
+    name="imagebench",
+    help="Reproducible scoring of text-to-image models: HPSv3 EPS against a frozen reference.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+reference_app = typer.Typer(help="Build or verify the frozen EPS reference.", no_args_is_help=True)
+app.add_typer(reference_app, name="reference")
+
+err = Console(stderr=True)
+UNCALIBRATED_BANNER = (
+    "UNCALIBRATED DEMO WEIGHTS: these mu/EPS values come from a tiny randomly initialised "
+    "HPSv3-architecture model, not from HPSv3. They show the pipeline, not model quality."
+)
+
+
+class CliError(Exception):
+    """An error the user can fix; printed without a traceback, exit code 1."""
+
+
+def _expected_errors() -> tuple[type[BaseException], ...]:
+    # Every error class our modules raise for bad input derives from ValueError, RuntimeError,
+    # OSError or LookupError; a traceback is shown only with IMAGEBENCH_DEBUG=1.
+    return (CliError, ValueError, RuntimeError, OSError, LookupError)
+
+
+@contextmanager
+def _user_errors():
+    try:
+        yield
+    except typer.Exit:
+        raise
+    except _expected_errors() as exc:
+        if os.environ.get("IMAGEBENCH_DEBUG"):
+            raise
+        err.print(f"[bold red]error:[/] {type(exc).__name__}: {exc}", highlight=False, markup=True)
+        raise typer.Exit(1) from None
+
+
+def _settings() -> Settings:
+    try:
+        return load_settings()
+    except Exception as exc:  # pydantic ValidationError on a bad IMAGEBENCH_* value
+        err.print(f"[bold red]error:[/] invalid IMAGEBENCH_* setting: {exc}")
+        raise typer.Exit(2) from None
+
+
+def _prefect(settings: Settings) -> None:
+    from flows.env import prepare_prefect_env
+
+    prepare_prefect_env(settings.home)
+
+
+@contextmanager
+def _progress():
+    """Rich progress bars for whatever long work runs inside (ingest, HPSv3 batches)."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from tasks import progress as hooks
+
+    bars = Progress(
+        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+        console=err, transient=False,
+    )
+    ids: dict[str, int] = {}
+
+    def report(stage: str, total: int, n: int) -> None:
+        if stage not in ids:
+            ids[stage] = bars.add_task(stage, total=total if total > 0 else None)
+        elif total > 0:
+            bars.update(ids[stage], total=total)
+        if n:
+            bars.advance(ids[stage], n)
+
+    hooks.set_reporter(report)
+    try:
+        with bars:
+            yield
+    finally:
+        hooks.set_reporter(None)
+
+
+def _print_rows(rows: list[dict], fmt: OutputFormat, title: str) -> None:
+    if not rows:
+        return
+    columns = list(rows[0])
+    render(columns, [[r[c] for c in columns] for r in rows], fmt, title=title)
+
+
+def _warn_uncalibrated(flagged: bool, fmt: OutputFormat) -> None:
+    if flagged:
+        err.print(f"[bold yellow]{UNCALIBRATED_BANNER}[/]")
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+@app.command()
+def ingest(
+    model: Annotated[str, typer.Option("--model", "-m", help="model id: folder models/<id>/ in the store")],
+    source: Annotated[Optional[str], typer.Option(help="object store URI (s3://bucket/prefix or a directory)")] = None,
+) -> None:
+    """Validate and record one model's images (quarantining bad ones); no scoring."""
+    with _user_errors():
+        settings = _settings()
+        if source:
+            settings = settings.model_copy(update={"store": source})
+        from tasks import work
+
+        suite = work.load_pinned_suite(settings)
+        with _progress():
+            summary = work.ingest_and_publish(settings, suite, model)
+        work.refresh(settings, suite)
+        _print_rows([summary.__dict__], OutputFormat.table, f"ingest {model}")
+        if summary.objects_quarantined:
+            err.print(
+                f"[yellow]{summary.objects_quarantined} objects quarantined: "
+                f"imagebench sql \"SELECT * FROM quarantine WHERE model_id='{model}'\"[/]"
+            )
+
+
+@app.command()
+def score(
+    model: Annotated[str, typer.Option("--model", "-m", help="model id to score now (also the backfill path)")],
+    scorer: Annotated[
+        Optional[str], typer.Option(help="aggregate scores imported under this scorer name instead of running HPSv3")
+    ] = None,
+    fmt: Annotated[OutputFormat, typer.Option("--format")] = OutputFormat.table,
+) -> None:
+    """Score one model now: ingest, HPSv3, EPS against the frozen reference."""
+    with _user_errors():
+        settings = _settings()
+        _prefect(settings)
+        from flows.pipeline import score_model_flow
+
+        with _progress():
+            row = score_model_flow(model, scorer_name=scorer)
+        _print_rows([row], fmt, f"score {model}")
+        _warn_uncalibrated(row["uncalibrated"], fmt)
+
+
+@app.command()
+def backfill(
+    model: Annotated[str, typer.Option("--model", "-m")],
+    fmt: Annotated[OutputFormat, typer.Option("--format")] = OutputFormat.table,
+) -> None:
+    """Backfill one model on request (same as `score`)."""
+    score(model=model, scorer=None, fmt=fmt)
+
+
+@app.command()
+def nightly(fmt: Annotated[OutputFormat, typer.Option("--format")] = OutputFormat.table) -> None:
+    """Score every model in the store not yet scored against the current suite, reference and scorer."""
+    with _user_errors():
+        settings = _settings()
+        _prefect(settings)
+        from flows.pipeline import nightly_flow
+
+        with _progress():
+            summary = nightly_flow()
+        err.print(
+            f"nightly: {summary['discovered']} models discovered, {len(summary['scored'])} scored, "
+            f"{len(summary['up_to_date'])} up to date, {len(summary['invalid'])} invalid"
+        )
+        for model_id, detail in summary["invalid"].items():
+            err.print(f"[red]invalid model folder {model_id!r}: {detail}[/]")
+        _print_rows(summary["rows"], fmt, "nightly")
+        _warn_uncalibrated(any(r["uncalibrated"] for r in summary["rows"]), fmt)
+
+
+@app.command()
+def hpsv3(
+    pairs: Annotated[Path, typer.Option(help="CSV with columns image,prompt (image paths relative to the CSV's folder)")],
+    base_model: Annotated[Optional[str], typer.Option(help="HF id or local dir with config/tokenizer/processor")] = None,
+    checkpoint: Annotated[Optional[str], typer.Option(help="HPSv3.safetensors path or HF repo id")] = None,
+    device: Annotated[str, typer.Option(help="auto|cpu|cuda")] = "auto",
+    dtype: Annotated[str, typer.Option(help="auto|float32|bfloat16")] = "auto",
+    batch_size: Annotated[int, typer.Option(min=1)] = 8,
+    fmt: Annotated[OutputFormat, typer.Option("--format")] = OutputFormat.csv,
+) -> None:
+    """Ad-hoc HPSv3 scoring: one output row (mu, sigma) per input pair, in input order."""
+    with _user_errors():
+        settings = _settings()
+        from tasks.adhoc import read_pairs
+
+        images, prompts = read_pairs(pairs)
+        from tasks.hpsv3.scorer import HPSv3Scorer
+
+        scorer = HPSv3Scorer.load(
+            base_model or settings.hpsv3_base_model,
+            checkpoint or settings.hpsv3_checkpoint,
+            device=device,
+            dtype=dtype,
+        )
+        with _progress():
+            from tasks import progress as hooks
+
+            hooks.advance("hpsv3", len(images), 0)
+            result = scorer.score(images, prompts, batch_size=batch_size, progress=lambda n: hooks.advance("hpsv3", len(images), n))
+        rows = [
+            [str(img), prompt, float(mu), float(sigma)]
+            for img, prompt, (mu, sigma) in zip(images, prompts, result.tolist())
+        ]
+        render(["image", "prompt", "mu", "sigma"], rows, fmt, title="HPSv3")
+        _warn_uncalibrated(scorer.identity.uncalibrated, fmt)
+
+
+@app.command("import-scores")
+def import_scores(
+    file: Annotated[Path, typer.Argument(help="CSV or Parquet: model_id,prompt_id,mu[,sigma,image_sha256]")],
+    scorer: Annotated[str, typer.Option(help="name the scores are recorded under (not 'hpsv3')")] = "hpsv3-import",
+) -> None:
+    """Record HPSv3 scores computed elsewhere; EPS follows if the reference in force is this scorer's."""
+    with _user_errors():
+        settings = _settings()
+        from tasks import work
+        from tasks.imports import import_scores_file
+
+        suite = work.load_pinned_suite(settings)
+        summary = import_scores_file(settings, suite, file, scorer)
+        rows = [{"model_id": m, "rows_imported": n} for m, n in summary.rows_per_model.items()]
+        _print_rows(rows, OutputFormat.table, f"imported under scorer {scorer!r}")
+        if summary.aggregated:
+            _print_rows(summary.aggregated, OutputFormat.table, "EPS")
+        else:
+            err.print(f"[yellow]{summary.note}[/]")
+        work.refresh(settings, suite)
+
+
+@reference_app.command("build")
+def reference_build(
+    version: Annotated[str, typer.Option(help="new reference version; an existing one is never rewritten")],
+    baseline: Annotated[Path, typer.Option(help="file with one baseline model id per line")],
+    scorer: Annotated[Optional[str], typer.Option(help="build from scores imported under this name")] = None,
+) -> None:
+    """Build the frozen reference once: median mu of the baseline field per EPS-eligible prompt."""
+    with _user_errors():
+        settings = _settings()
+        from tasks.adhoc import read_baseline
+
+        models = read_baseline(baseline)
+        _prefect(settings)
+        from flows.pipeline import reference_build_flow
+
+        with _progress():
+            path = reference_build_flow(version, models, scorer_name=scorer)
+        err.print(f"[green]reference {version} written to {path} and pinned in SHA256SUMS[/]")
+
+
+@reference_app.command("verify")
+def reference_verify(
+    version: Annotated[Optional[str], typer.Option(help="default: IMAGEBENCH_REFERENCE_VERSION")] = None,
+) -> None:
+    """Check the reference (and suite) against SHA256SUMS and its Great Expectations suite."""
+    with _user_errors():
+        settings = _settings()
+        if version:
+            settings = settings.model_copy(update={"reference_version": version})
+        from tasks import work
+
+        suite = work.load_pinned_suite(settings)
+        ref = work.load_verified_reference(settings, suite, None)
+        err.print(
+            f"[green]ok[/]: {settings.reference_path} ({len(ref.prompts)} prompts, suite {ref.suite.version}, "
+            f"scorer {ref.scorer.scorer_name} {ref.scorer_id}, baseline {len(ref.baseline_models)} models)"
+        )
+        _warn_uncalibrated(ref.scorer.uncalibrated, OutputFormat.table)
+
+
+def _catalog_or_exit(settings: Settings) -> Path:
+    path = settings.catalog_path
+    if not path.exists():
+        raise CliError(f"no catalog at {path}: score something first (`imagebench nightly`, `make demo`)")
+    return path
+
+
+LEADERBOARD_SORTS = ("eps", "model_id", "eps_prompts_lost", "scored_at")
+
+
+@app.command()
+def leaderboard(
+    fmt: Annotated[OutputFormat, typer.Option("--format")] = OutputFormat.table,
+    sort: Annotated[str, typer.Option(help=f"one of {', '.join(LEADERBOARD_SORTS)}")] = "eps",
+) -> None:
+    """The leaderboard of the reference in force (one row per model)."""
+    with _user_errors():
+        if sort not in LEADERBOARD_SORTS:
+            raise CliError(f"--sort {sort!r}: choose one of {', '.join(LEADERBOARD_SORTS)}")
+        settings = _settings()
+        from tasks.lake import query
+
+        order = "ASC" if sort == "model_id" else "DESC"
+        columns, rows = query(_catalog_or_exit(settings), f"SELECT * FROM leaderboard ORDER BY {sort} {order}, model_id")
+        render(columns, rows, fmt, title=f"imagebench leaderboard (reference {settings.reference_version})")
+        if "uncalibrated" in columns:
+            i = columns.index("uncalibrated")
+            _warn_uncalibrated(any(r[i] for r in rows), fmt)
+        if "complete" in columns and fmt is OutputFormat.table:
+            i = columns.index("complete")
+            if any(not r[i] for r in rows):
+                err.print("[yellow]complete=False: missing or quarantined images counted as losses[/]")
+
+
+@app.command()
+def sql(
+    query_text: Annotated[str, typer.Argument(metavar="QUERY", help="SQL over the catalog's views (read-only)")],
+    fmt: Annotated[OutputFormat, typer.Option("--format")] = OutputFormat.table,
+) -> None:
+    """Run a read-only SQL query on the DuckDB catalog."""
+    with _user_errors():
+        settings = _settings()
+        from tasks.lake import query
+
+        columns, rows = query(_catalog_or_exit(settings), query_text)
+        render(columns, rows, fmt)
+
+
+@app.command()
+def catalog() -> None:
+    """Rebuild the DuckDB catalog file from the lake."""
+    with _user_errors():
+        settings = _settings()
+        from tasks import work
+
+        path = work.refresh(settings, work.load_pinned_suite(settings))
+        err.print(f"catalog written: {path}")
+
+
+@app.command()
+def serve() -> None:
+    """Serve the nightly deployment (cron schedule) and backfills on the configured Prefect API."""
+    with _user_errors():
+        settings = _settings()
+        _prefect(settings)
+        from flows.deployments import serve_deployments
+
+        serve_deployments()
+
+
+@app.command()
+def demo() -> None:
+    """Seed demo models, build a demo reference, run the nightly flow, print the leaderboard."""
+    with _user_errors():
+        from flows.demo import run_demo
+
+        run_demo(err)
+        leaderboard(fmt=OutputFormat.table, sort="eps")
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,103 @@
+"""`imagebench demo` / `make demo`: the whole pipeline on embedded defaults, offline.
+
+1. Seeds the local object store with demo models built from scikit-image's bundled photos.
+2. Without real HPSv3 weights, writes a tiny randomly initialised HPSv3-architecture model
+   (flagged uncalibrated in its checkpoint metadata, so every output says so).
+3. Builds a demo reference from the demo baseline field, in the workspace (never in ./reference).
+4. Runs the nightly flow on the store, then the CLI prints the leaderboard.
+Running it again changes nothing: the reference exists and every model is up to date.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+from rich.console import Console
+
+from schemas.settings import DEFAULT_CHECKPOINT, load_settings
+
+DEMO_REFERENCE_VERSION = "demo"
+
+
+def _real_weights_available() -> bool:
+    """True when the user pointed us at real weights, or they sit in the local HF cache."""
+    if "IMAGEBENCH_HPSV3_CHECKPOINT" in os.environ:
+        return True
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        hit = try_to_load_from_cache(DEFAULT_CHECKPOINT, "HPSv3.safetensors")
+        return isinstance(hit, str)
+    except Exception:
+        return False
+
+
+def _configure(console: Console) -> None:
+    """Point the settings at the demo's pieces (env vars, so the flows see them too)."""
+    settings = load_settings()
+    home = settings.home
+    os.environ.setdefault("IMAGEBENCH_REFERENCE_DIR", str(home / "reference"))
+    os.environ.setdefault("IMAGEBENCH_REFERENCE_VERSION", DEMO_REFERENCE_VERSION)
+    if _real_weights_available():
+        console.print("[green]using real HPSv3 weights[/]")
+        return
+    from tasks.hpsv3.tiny import write_tiny_base_model, write_tiny_checkpoint
+
+    model_dir = home / "demo-model"
+    base_dir, ckpt = model_dir / "base", model_dir / "HPSv3-demo-uncalibrated.safetensors"
+    if not ckpt.exists():
+        console.print(f"writing tiny uncalibrated demo model to {model_dir}")
+        write_tiny_base_model(base_dir)
+        write_tiny_checkpoint(base_dir, ckpt, seed=0)
+    os.environ["IMAGEBENCH_HPSV3_BASE_MODEL"] = str(base_dir.resolve())
+    os.environ["IMAGEBENCH_HPSV3_CHECKPOINT"] = str(ckpt.resolve())
+    console.print("[bold yellow]no real HPSv3 weights found: using UNCALIBRATED demo weights[/]")
+
+
+def _pin_demo_suite(settings, console: Console) -> None:
+    """The demo reference dir gets a copy of the committed suite, pinned like the real one."""
+    from tasks.reference import pin_suite
+
+    src = Path("reference") / settings.suite_path.name
+    if not src.exists():  # running from another folder: use the package checkout's copy
+        src = Path(__file__).resolve().parents[1] / "reference" / settings.suite_path.name
+    dst = settings.suite_path
+    if not dst.exists():
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(src, dst)
+        pin_suite(settings.reference_dir, dst)
+
+
+def run_demo(console: Console) -> None:
+    _configure(console)
+    settings = load_settings()
+    from flows.env import prepare_prefect_env
+
+    prepare_prefect_env(settings.home)
+    from tasks import work
+    from tasks.demo import BASELINE_FIELD, CONTENDERS, seed_store
+
+    _pin_demo_suite(settings, console)
+    suite = work.load_pinned_suite(settings)
+    store = work.open_configured_store(settings)
+    console.print(f"seeding demo models into {store.uri}")
+    written = seed_store(store, [p.prompt_id for p in suite.prompts], BASELINE_FIELD + CONTENDERS)
+    for model_id, n in written.items():
+        console.print(f"  {model_id}: {n} objects written" if n else f"  {model_id}: already present")
+
+    from flows.cli import _progress
+    from flows.pipeline import nightly_flow, reference_build_flow
+
+    with _progress():
+        if settings.reference_path.exists():
+            console.print(f"reference {settings.reference_version} exists: verifying, never rebuilding")
+        else:
+            console.print(f"building demo reference {settings.reference_version} from the baseline field")
+            reference_build_flow(settings.reference_version, [m.model_id for m in BASELINE_FIELD])
+        summary = nightly_flow()
+    console.print(
+        f"nightly: {summary['discovered']} models discovered, {len(summary['scored'])} scored, "
+        f"{len(summary['up_to_date'])} already up to date"
+    )

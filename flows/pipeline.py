@@ -1,0 +1,219 @@
+"""Prefect flows: score one model (also the backfill path), nightly, and reference build.
+
+Flows only compose the units in ``tasks.work``; each Prefect task is a thin wrapper. HPSv3
+batches are tagged ``gpu`` so a tag concurrency limit (``IMAGEBENCH_GPU_CONCURRENCY``, default
+1 per API) governs them while ingest of the next model overlaps inference of the previous one.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from prefect import flow, get_run_logger, task
+from prefect.artifacts import create_markdown_artifact
+from prefect.cache_policies import NO_CACHE
+from prefect.client.orchestration import get_client
+from prefect.context import get_run_context
+from prefect.task_runners import ThreadPoolTaskRunner
+
+from schemas.reference import ReferenceFile
+from schemas.settings import Settings, load_settings
+from tasks import work
+from tasks.suite import Suite
+
+GPU_TAG = "gpu"
+
+
+# ---- thin task wrappers ---------------------------------------------------------------------
+
+
+@task(name="ingest", cache_policy=NO_CACHE)
+def ingest_task(settings: Settings, suite: Suite, model_id: str) -> work.IngestSummary:
+    return work.ingest_and_publish(settings, suite, model_id)
+
+
+@task(name="hpsv3-batch", tags=[GPU_TAG], cache_policy=NO_CACHE)
+def hps_batch_task(settings: Settings, suite: Suite, batch: work.HpsBatch, spec: work.ScorerSpec) -> Path:
+    return work.score_hps_batch(settings, suite, batch, spec)
+
+
+@task(name="publish-hps-scores", cache_policy=NO_CACHE)
+def publish_hps_task(settings: Settings, suite: Suite, model_id: str, scorer_id: str, shards: list[Path]) -> int:
+    return work.publish_hps_scores(settings, suite, model_id, scorer_id, shards)
+
+
+@task(name="aggregate", cache_policy=NO_CACHE)
+def aggregate_task(
+    settings: Settings, suite: Suite, reference: ReferenceFile, model_id: str, run_id: str, fingerprint: str | None
+) -> dict:
+    return work.aggregate_model(settings, suite, reference, model_id, run_id, fingerprint)
+
+
+@task(name="refresh-catalog", cache_policy=NO_CACHE)
+def refresh_task(settings: Settings, suite: Suite) -> Path:
+    return work.refresh(settings, suite)
+
+
+# ---- helpers --------------------------------------------------------------------------------
+
+
+def _run_id() -> str:
+    ctx = get_run_context()
+    return str(getattr(getattr(ctx, "flow_run", None), "id", None) or work.new_run_id())
+
+
+def ensure_gpu_limit(limit: int) -> None:
+    """Create (or update) the `gpu` tag concurrency limit on whichever Prefect API is in use."""
+    with get_client(sync_client=True) as client:
+        client.create_concurrency_limit(tag=GPU_TAG, concurrency_limit=limit)
+
+
+def _score_models(
+    settings: Settings, suite: Suite, reference: ReferenceFile, spec: work.ScorerSpec, model_ids: list[str]
+) -> list[dict]:
+    """Ingest all models concurrently; HPSv3 batches start as soon as a model is ingested."""
+    logger = get_run_logger()
+    run_id = _run_id()
+    ingests = {m: ingest_task.submit(settings, suite, m) for m in model_ids}
+    batches: dict[str, list] = {}
+    summaries: dict[str, work.IngestSummary] = {}
+    for model_id, fut in ingests.items():
+        summaries[model_id] = summary = fut.result()
+        plan = work.plan_hps_batches(settings, suite, model_id, reference.scorer_id, settings.task_batch_size)
+        logger.info(
+            "%s: %d ok, %d quarantined, %d missing; %d images to score in %d batches",
+            model_id, summary.images_ok, summary.images_quarantined, summary.images_missing,
+            sum(len(b) for b in plan), len(plan),
+        )
+        batches[model_id] = [hps_batch_task.submit(settings, suite, b, spec) for b in plan]
+    rows = []
+    for model_id in model_ids:
+        shards = [f.result() for f in batches[model_id]]
+        publish_hps_task(settings, suite, model_id, reference.scorer_id, shards)
+        rows.append(aggregate_task(settings, suite, reference, model_id, run_id, summaries[model_id].fingerprint))
+    return rows
+
+
+def _report(title: str, rows: list[dict], notes: list[str]) -> None:
+    lines = [f"# {title}", ""]
+    lines += [f"- {n}" for n in notes]
+    if rows:
+        lines += ["", "| model | EPS | scored / eligible | lost | complete | uncalibrated |", "|---|---|---|---|---|---|"]
+        for r in rows:
+            lines.append(
+                f"| {r['model_id']} | {r['eps']:.2f} | {r['eps_prompts_scored']}/{r['eps_prompts_eligible']} "
+                f"| {r['eps_prompts_lost']} | {r['complete']} | {r['uncalibrated']} |"
+            )
+    create_markdown_artifact(markdown="\n".join(lines), key="imagebench-run", description=title)
+
+
+# ---- flows ----------------------------------------------------------------------------------
+
+
+@flow(name="score-model", task_runner=ThreadPoolTaskRunner(max_workers=4), log_prints=True)
+def score_model_flow(model_id: str, scorer_name: str | None = None) -> dict:
+    """Score one model now: ingest, HPSv3, aggregate. Also the backfill path.
+
+    With ``scorer_name`` (scores imported under that name) nothing is ingested or inferred: the
+    model's imported scores are aggregated against the reference built for that scorer.
+    """
+    settings = load_settings()
+    suite = work.load_pinned_suite(settings)
+    if scorer_name:
+        identity = work.imported_identity(scorer_name)
+        reference = work.load_verified_reference(settings, suite, identity.scorer_id)
+        row = aggregate_task(settings, suite, reference, model_id, _run_id(), None)
+    else:
+        spec = work.ScorerSpec.from_settings(settings)
+        identity = work.scorer_identity(spec)
+        # Verify the frozen reference (and that it was built by this scorer) before any work.
+        reference = work.load_verified_reference(settings, suite, identity.scorer_id)
+        ensure_gpu_limit(settings.gpu_concurrency)
+        row = _score_models(settings, suite, reference, spec, [model_id])[0]
+    refresh_task(settings, suite)
+    _report(f"score-model {model_id}", [row], [f"reference {reference.version}", f"scorer {reference.scorer_id}"])
+    return row
+
+
+@flow(name="nightly", task_runner=ThreadPoolTaskRunner(max_workers=4), log_prints=True)
+def nightly_flow() -> dict:
+    """Score every model in the object store not yet scored against the current suite,
+    reference and scorer (or whose objects changed since). Nothing else is recomputed."""
+    logger = get_run_logger()
+    settings = load_settings()
+    suite = work.load_pinned_suite(settings)
+    spec = work.ScorerSpec.from_settings(settings)
+    identity = work.scorer_identity(spec)
+    reference = work.load_verified_reference(settings, suite, identity.scorer_id)
+    plans = work.discover_models(settings, suite, reference)
+    todo = [p.model_id for p in plans if p.status in ("new", "changed")]
+    for p in plans:
+        if p.status == "invalid":
+            logger.error("skipping object-store folder %r: %s", p.model_id, p.detail)
+    logger.info("nightly: %d models in store, %d to score", len(plans), len(todo))
+    rows: list[dict] = []
+    if todo:
+        ensure_gpu_limit(settings.gpu_concurrency)
+        rows = _score_models(settings, suite, reference, spec, todo)
+    refresh_task(settings, suite)
+    summary = {
+        "discovered": len(plans),
+        "scored": [r["model_id"] for r in rows],
+        "up_to_date": [p.model_id for p in plans if p.status == "up_to_date"],
+        "invalid": {p.model_id: p.detail for p in plans if p.status == "invalid"},
+        "rows": rows,
+    }
+    _report("nightly", rows, [f"{len(plans)} models discovered", f"{len(rows)} scored",
+                              f"{len(summary['up_to_date'])} up to date", f"{len(summary['invalid'])} invalid"])
+    return summary
+
+
+@flow(name="reference-build", task_runner=ThreadPoolTaskRunner(max_workers=4), log_prints=True)
+def reference_build_flow(version: str, baseline_models: list[str], scorer_name: str | None = None) -> str:
+    """Build the frozen reference ``version`` from a baseline field, once.
+
+    With the built-in scorer, baseline models not yet scored by it are ingested and scored first.
+    With ``scorer_name``, the reference is built from scores imported under that name.
+    """
+    from tasks.reference import build_reference
+    from tasks.storage import validate_model_id
+
+    settings = load_settings()
+    suite = work.load_pinned_suite(settings)
+    for m in baseline_models:
+        validate_model_id(m)
+    target = settings.reference_dir / f"eps-reference-{version}.json"
+    if target.exists():
+        from tasks.reference import ReferenceExists
+
+        raise ReferenceExists(f"{target} already exists: references are immutable, choose a new version")
+    if scorer_name:
+        identity = work.imported_identity(scorer_name)
+    else:
+        spec = work.ScorerSpec.from_settings(settings)
+        identity = work.scorer_identity(spec)
+        ensure_gpu_limit(settings.gpu_concurrency)
+        ingests = {m: ingest_task.submit(settings, suite, m) for m in baseline_models}
+        futures = {}
+        for m, fut in ingests.items():
+            fut.result()
+            plan = work.plan_hps_batches(settings, suite, m, identity.scorer_id, settings.task_batch_size)
+            futures[m] = [hps_batch_task.submit(settings, suite, b, spec) for b in plan]
+        for m in baseline_models:
+            publish_hps_task(settings, suite, m, identity.scorer_id, [f.result() for f in futures[m]])
+    path = build_reference(
+        version=version,
+        baseline_models=baseline_models,
+        scores=work.current_scores(settings, baseline_models, identity),
+        suite=suite,
+        scorer=identity,
+        reference_dir=settings.reference_dir,
+        created_at=work.utcnow().isoformat(),
+    )
+    refresh_task(settings, suite)
+    create_markdown_artifact(
+        markdown=f"# reference {version}\n\n- file `{path}`\n- scorer `{identity.scorer_id}`\n"
+        f"- baseline: {', '.join(baseline_models)}",
+        key="imagebench-reference",
+    )
+    return str(path)

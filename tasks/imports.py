@@ -1,0 +1,177 @@
+"""``imagebench import-scores``: HPSv3 scores a lab computed elsewhere, validated and recorded
+in ``hps_scores`` under a scorer name of its own (never mixed with the built-in scorer)."""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pyarrow as pa
+
+from schemas import lake as lake_schemas
+from schemas.settings import Settings
+from tasks.suite import Suite
+
+REQUIRED = ("model_id", "prompt_id", "mu")
+OPTIONAL = ("sigma", "image_sha256")
+SCORER_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
+RESERVED_SCORERS = ("hpsv3",)
+
+
+class ScoresFileError(ValueError):
+    """The scores file is unusable; the message names the file, the rows and the problem."""
+
+
+@dataclass
+class ImportSummary:
+    rows_per_model: dict[str, int]
+    aggregated: list[dict] = field(default_factory=list)
+    note: str = ""
+
+
+def _read_any(path: Path) -> pa.Table:
+    import polars as pl
+
+    if not path.is_file():
+        raise ScoresFileError(f"{path}: scores file not found")
+    try:
+        if path.suffix.lower() in (".parquet", ".pq"):
+            df = pl.read_parquet(path)
+        elif path.suffix.lower() == ".csv":
+            df = pl.read_csv(path, infer_schema_length=0)  # all strings: we parse and report ourselves
+        else:
+            raise ScoresFileError(f"{path}: unsupported extension {path.suffix!r}; use .csv or .parquet")
+    except ScoresFileError:
+        raise
+    except Exception as exc:
+        raise ScoresFileError(f"{path}: cannot read: {exc}") from None
+    return df.to_arrow()
+
+
+def _float(value: object, path: Path, row: int, column: str, problems: list[str]) -> float | None:
+    if value is None or (isinstance(value, str) and value.strip() == ""):
+        return None
+    try:
+        x = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        problems.append(f"{path}: row {row}: {column}={value!r} is not a number")
+        return None
+    if not math.isfinite(x):
+        problems.append(f"{path}: row {row}: {column}={value!r} is not finite")
+        return None
+    return x
+
+
+def parse_scores(path: Path, suite: Suite) -> dict[str, list[dict]]:
+    """Validate every row; collect all problems and fail once with the full list."""
+    from tasks.storage import InvalidModelId, validate_model_id
+
+    table = _read_any(path)
+    missing = [c for c in REQUIRED if c not in table.column_names]
+    if missing:
+        raise ScoresFileError(f"{path}: missing required column(s) {missing}; have {table.column_names}")
+    unknown_cols = [c for c in table.column_names if c not in REQUIRED + OPTIONAL]
+    if unknown_cols:
+        raise ScoresFileError(f"{path}: unknown column(s) {unknown_cols}; allowed {list(REQUIRED + OPTIONAL)}")
+    if table.num_rows == 0:
+        raise ScoresFileError(f"{path}: no rows")
+    problems: list[str] = []
+    seen: dict[tuple[str, str], int] = {}
+    by_model: dict[str, list[dict]] = {}
+    cols = {c: table[c].to_pylist() for c in table.column_names}
+    for i in range(table.num_rows):
+        row = i + 2 if path.suffix.lower() == ".csv" else i + 1  # CSV: header is line 1
+        model_id = str(cols["model_id"][i] or "").strip()
+        prompt_id = str(cols["prompt_id"][i] or "").strip()
+        try:
+            validate_model_id(model_id)
+        except InvalidModelId as exc:
+            problems.append(f"{path}: row {row}: {exc}")
+            continue
+        if prompt_id not in suite.by_id:
+            problems.append(f"{path}: row {row}: prompt_id {prompt_id!r} is not in suite {suite.version}")
+            continue
+        key = (model_id, prompt_id)
+        if key in seen:
+            problems.append(f"{path}: row {row}: duplicate of row {seen[key]} ({model_id}, {prompt_id})")
+            continue
+        seen[key] = row
+        mu = _float(cols["mu"][i], path, row, "mu", problems)
+        if mu is None:
+            if not any(p.startswith(f"{path}: row {row}: mu") for p in problems):
+                problems.append(f"{path}: row {row}: mu is empty")
+            continue
+        sigma = _float(cols["sigma"][i], path, row, "sigma", problems) if "sigma" in cols else None
+        sha = cols["image_sha256"][i] if "image_sha256" in cols else None
+        sha = str(sha).strip().lower() if sha not in (None, "") else None
+        if sha is not None and not SHA256_RE.match(sha):
+            problems.append(f"{path}: row {row}: image_sha256 {sha!r} is not a sha256 hex digest")
+            continue
+        by_model.setdefault(model_id, []).append(
+            {"prompt_id": prompt_id, "mu": mu, "sigma": sigma, "image_sha256": sha}
+        )
+    if problems:
+        shown = "\n  ".join(problems[:20])
+        more = f"\n  ... and {len(problems) - 20} more" if len(problems) > 20 else ""
+        raise ScoresFileError(f"{path}: {len(problems)} invalid row(s), nothing imported:\n  {shown}{more}")
+    return by_model
+
+
+def import_scores_file(settings: Settings, suite: Suite, path: Path, scorer_name: str) -> ImportSummary:
+    from tasks import work
+    from tasks.lake import Lake
+    from tasks.reference import ReferenceError as RefError
+    from tasks.validation import require_valid
+
+    if not SCORER_NAME_RE.match(scorer_name) or scorer_name in RESERVED_SCORERS:
+        raise ScoresFileError(
+            f"--scorer {scorer_name!r}: use a name of letters, digits, '.', '_' or '-', other than "
+            f"{RESERVED_SCORERS} (reserved for scores computed here)"
+        )
+    by_model = parse_scores(Path(path), suite)
+    identity = work.imported_identity(scorer_name)
+    now = work.utcnow()
+    lake = Lake(settings.lake_dir)
+    tables: dict[str, pa.Table] = {}
+    for model_id, rows in sorted(by_model.items()):
+        n = len(rows)
+        new = pa.Table.from_pydict(
+            {
+                "model_id": [model_id] * n,
+                "prompt_id": [r["prompt_id"] for r in rows],
+                "suite_version": [suite.version] * n,
+                "image_sha256": [r["image_sha256"] for r in rows],
+                "scorer_name": [scorer_name] * n,
+                "scorer_id": [identity.scorer_id] * n,
+                "checkpoint_sha256": [None] * n,
+                "mu": [r["mu"] for r in rows],
+                "sigma": [r["sigma"] for r in rows],
+                "source": ["import"] * n,
+                "uncalibrated": [False] * n,
+                "scored_at": [now] * n,
+            },
+            schema=lake_schemas.HPS_SCORES,
+        )
+        existing = lake.read("hps_scores", [model_id])
+        keep = existing.filter(pa.array([s != identity.scorer_id for s in existing["scorer_id"].to_pylist()], pa.bool_()))
+        tables[model_id] = pa.concat_tables([keep, new]).cast(lake_schemas.HPS_SCORES)
+        require_valid("hps_scores", tables[model_id])  # validate all before writing any
+    for model_id, table in tables.items():
+        # An import is the model's full set under this scorer name: replaces earlier imports.
+        lake.write_partition("hps_scores", model_id, table)
+    summary = ImportSummary(rows_per_model={m: len(r) for m, r in sorted(by_model.items())})
+    try:
+        reference = work.load_verified_reference(settings, suite, identity.scorer_id)
+    except RefError as exc:
+        summary.note = (
+            f"scores recorded; no EPS yet: {exc}. Build a reference from imported scores with "
+            f"`imagebench reference build --version V --baseline FILE --scorer {scorer_name}`."
+        )
+        return summary
+    run_id = work.new_run_id()
+    for model_id in summary.rows_per_model:
+        summary.aggregated.append(work.aggregate_model(settings, suite, reference, model_id, run_id, None))
+    return summary

@@ -1,0 +1,38 @@
+"""A tiny progress hook so long work shows progress without tasks knowing who watches.
+
+The CLI installs a rich progress bar; Prefect workers keep the default, which logs every ~10%.
+Tasks call ``advance(stage, total, n)``; nothing here imports rich or Prefect.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+
+Reporter = Callable[[str, int, int], None]  # (stage label, total, advance by)
+
+_log = logging.getLogger("imagebench.progress")
+_lock = threading.Lock()
+_done: dict[str, int] = {}
+
+
+def _log_reporter(stage: str, total: int, n: int) -> None:
+    with _lock:
+        before = _done.get(stage, 0)
+        after = before + n
+        _done[stage] = after
+    if total and (after * 10 // total) != (before * 10 // total) or after == total:
+        _log.info("%s: %d/%d", stage, after, total)
+
+
+_reporter: Reporter = _log_reporter
+
+
+def set_reporter(reporter: Reporter | None) -> None:
+    global _reporter
+    _reporter = reporter or _log_reporter
+
+
+def advance(stage: str, total: int, n: int = 1) -> None:
+    _reporter(stage, total, n)

@@ -1,0 +1,447 @@
+"""The units of work the flows compose: plain typed functions, runnable and testable without Prefect.
+
+Each unit reads the lake, does one thing, and writes at most the tables it owns:
+- ``ingest_and_publish``  -> images, quarantine
+- ``score_hps_batch``     -> a staging shard (one per batch; a crashed run resumes from them)
+- ``publish_hps_scores``  -> hps_scores
+- ``aggregate_model``     -> model_scores
+- ``refresh``             -> the DuckDB catalog
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import json
+import os
+import uuid
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from schemas import lake as lake_schemas
+from schemas.reference import ReferenceFile, ScorerIdentity
+from schemas.settings import Settings
+from tasks import progress
+from tasks.suite import Suite, load_suite
+
+
+def utcnow() -> dt.datetime:
+    return dt.datetime.now(dt.timezone.utc)
+
+
+def new_run_id() -> str:
+    return utcnow().strftime("%Y%m%dT%H%M%SZ-") + uuid.uuid4().hex[:8]
+
+
+# --------------------------------------------------------------------------------------------
+# Suite, reference, scorer identity
+# --------------------------------------------------------------------------------------------
+
+
+def load_pinned_suite(settings: Settings) -> Suite:
+    """The suite in force, verified against reference/SHA256SUMS."""
+    from tasks.reference import verify_suite
+
+    suite = load_suite(settings.suite_path, version=settings.suite_version)
+    verify_suite(settings.reference_dir, suite)
+    return suite
+
+
+def load_verified_reference(settings: Settings, suite: Suite, expected_scorer_id: str | None) -> ReferenceFile:
+    from tasks.reference import verify_reference
+
+    return verify_reference(
+        settings.reference_dir, settings.reference_version, suite, expected_scorer_id=expected_scorer_id
+    )
+
+
+@dataclass(frozen=True)
+class ScorerSpec:
+    """What to load: hashable, so one scorer is loaded once per worker process."""
+
+    base_model: str
+    checkpoint: str
+    device: str = "auto"
+    dtype: str = "auto"
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> "ScorerSpec":
+        return cls(settings.hpsv3_base_model, settings.hpsv3_checkpoint, settings.device, settings.dtype)
+
+
+@lru_cache(maxsize=2)
+def get_scorer(spec: ScorerSpec):
+    """Load the HPSv3 scorer once per process (weights are several GB)."""
+    from tasks.hpsv3.scorer import HPSv3Scorer
+
+    return HPSv3Scorer.load(spec.base_model, spec.checkpoint, device=spec.device, dtype=spec.dtype)
+
+
+@lru_cache(maxsize=4)
+def scorer_identity(spec: ScorerSpec) -> ScorerIdentity:
+    """The scorer's identity without loading its weights (hashes the checkpoint once, cached)."""
+    from tasks.hpsv3.scorer import resolve_identity
+
+    return resolve_identity(spec.base_model, spec.checkpoint, device=spec.device, dtype=spec.dtype)
+
+
+def imported_identity(scorer_name: str) -> ScorerIdentity:
+    return ScorerIdentity(scorer_name=scorer_name, source="import")
+
+
+# --------------------------------------------------------------------------------------------
+# Ingest
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class IngestSummary:
+    model_id: str
+    fingerprint: str
+    images_ok: int
+    images_quarantined: int
+    images_missing: int
+    objects_quarantined: int
+
+
+def open_configured_store(settings: Settings):
+    from tasks.storage import open_store
+
+    return open_store(settings.store_uri, endpoint=settings.s3_endpoint, region=settings.s3_region)
+
+
+def ingest_and_publish(settings: Settings, suite: Suite, model_id: str) -> IngestSummary:
+    """Validate every object of one model, then publish its `images` and `quarantine` partitions."""
+    from tasks.ingest import ingest_model
+    from tasks.lake import Lake
+    from tasks.storage import validate_model_id
+    from tasks.validation import require_valid
+
+    validate_model_id(model_id)
+    store = open_configured_store(settings)
+    result = ingest_model(
+        store,
+        model_id,
+        suite,
+        settings.home,
+        progress=lambda total, n=1: progress.advance(f"ingest {model_id}", total, n),
+    )
+    require_valid("images", result.images)
+    require_valid("quarantine", result.quarantine)
+    lake = Lake(settings.lake_dir)
+    lake.write_partition("images", model_id, result.images)
+    lake.write_partition("quarantine", model_id, result.quarantine)
+    states = result.images.column("state").to_pylist()
+    return IngestSummary(
+        model_id=model_id,
+        fingerprint=result.fingerprint,
+        images_ok=states.count("ok"),
+        images_quarantined=states.count("quarantined"),
+        images_missing=states.count("missing"),
+        objects_quarantined=result.quarantine.num_rows,
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# HPSv3
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class HpsItem:
+    prompt_id: str
+    image_sha256: str
+    image_path: str  # absolute path of the content-addressed copy
+    prompt: str
+
+
+@dataclass(frozen=True)
+class HpsBatch:
+    model_id: str
+    scorer_id: str
+    items: tuple[HpsItem, ...] = field(repr=False)
+
+    @property
+    def key(self) -> str:
+        """Identity of the batch's work: same images + same scorer = same shard (resume)."""
+        h = hashlib.sha256(self.scorer_id.encode())
+        for it in self.items:
+            h.update(f"\n{it.prompt_id}\t{it.image_sha256}".encode())
+        return h.hexdigest()[:24]
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+
+def _ok_images(settings: Settings, model_id: str) -> pa.Table:
+    from tasks.lake import Lake
+
+    images = Lake(settings.lake_dir).read("images", [model_id])
+    return images.filter(pc.equal(images["state"], "ok"))
+
+
+def _scores_for(settings: Settings, model_id: str, scorer_id: str) -> pa.Table:
+    from tasks.lake import Lake
+
+    scores = Lake(settings.lake_dir).read("hps_scores", [model_id])
+    return scores.filter(pc.equal(scores["scorer_id"], scorer_id))
+
+
+def plan_hps_batches(
+    settings: Settings, suite: Suite, model_id: str, scorer_id: str, batch_images: int
+) -> list[HpsBatch]:
+    """Batches of the model's ok images whose (prompt, image sha256, scorer) is not in the lake yet."""
+    ok = _ok_images(settings, model_id)
+    scored = _scores_for(settings, model_id, scorer_id)
+    done = set(zip(scored["prompt_id"].to_pylist(), scored["image_sha256"].to_pylist()))
+    todo = [
+        HpsItem(p, s, str((settings.home / path).resolve()), suite.by_id[p].prompt)
+        for p, s, path in zip(ok["prompt_id"].to_pylist(), ok["image_sha256"].to_pylist(), ok["image_path"].to_pylist())
+        # Only EPS-eligible prompts are scored: nothing else uses mu, and the GPU is the bottleneck.
+        if (p, s) not in done and suite.by_id[p].eps_eligible
+    ]
+    todo.sort(key=lambda it: it.prompt_id)
+    return [
+        HpsBatch(model_id, scorer_id, tuple(todo[i : i + batch_images])) for i in range(0, len(todo), batch_images)
+    ]
+
+
+def _shard_path(settings: Settings, batch: HpsBatch) -> Path:
+    return settings.staging_dir / "hps" / batch.model_id / f"{batch.key}.parquet"
+
+
+def _write_parquet_atomic(table: pa.Table, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
+    pq.write_table(table, tmp, compression="zstd")
+    with open(tmp, "rb") as fh:
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+def score_hps_batch(settings: Settings, suite: Suite, batch: HpsBatch, spec: ScorerSpec) -> Path:
+    """Score one batch with HPSv3 and write it as a staging shard. An existing shard is reused."""
+    shard = _shard_path(settings, batch)
+    if shard.exists():
+        progress.advance(f"hpsv3 {batch.model_id}", -1, len(batch))
+        return shard
+    scorer = get_scorer(spec)
+    identity = scorer.identity
+    if identity.scorer_id != batch.scorer_id:
+        raise RuntimeError(
+            f"scorer changed under the run: planned {batch.scorer_id}, loaded {identity.scorer_id}"
+        )
+    result = scorer.score(
+        [it.image_path for it in batch.items],
+        [it.prompt for it in batch.items],
+        batch_size=settings.batch_size,
+        progress=lambda n: progress.advance(f"hpsv3 {batch.model_id}", -1, n),
+    )
+    now = utcnow()
+    n = len(batch)
+    table = pa.Table.from_pydict(
+        {
+            "model_id": [batch.model_id] * n,
+            "prompt_id": [it.prompt_id for it in batch.items],
+            "suite_version": [suite.version] * n,
+            "image_sha256": [it.image_sha256 for it in batch.items],
+            "scorer_name": [identity.scorer_name] * n,
+            "scorer_id": [identity.scorer_id] * n,
+            "checkpoint_sha256": [identity.checkpoint_sha256] * n,
+            "mu": [float(x) for x in result[:, 0]],
+            "sigma": [float(x) for x in result[:, 1]],
+            "source": ["hpsv3"] * n,
+            "uncalibrated": [identity.uncalibrated] * n,
+            "scored_at": [now] * n,
+        },
+        schema=lake_schemas.HPS_SCORES,
+    )
+    _write_parquet_atomic(table, shard)
+    return shard
+
+
+def publish_hps_scores(settings: Settings, suite: Suite, model_id: str, scorer_id: str, shards: list[Path]) -> int:
+    """Merge the run's shards into the model's `hps_scores` partition (validated, atomic).
+
+    Rows of other scorers are kept. Rows of this scorer are kept only where they still match a
+    current ok image (prompt id + sha256), so a replaced or removed image never keeps a stale mu.
+    """
+    from tasks.lake import Lake
+    from tasks.validation import require_valid
+
+    lake = Lake(settings.lake_dir)
+    existing = lake.read("hps_scores", [model_id])
+    ok = _ok_images(settings, model_id)
+    current = set(zip(ok["prompt_id"].to_pylist(), ok["image_sha256"].to_pylist()))
+    new = [pq.read_table(s, schema=lake_schemas.HPS_SCORES) for s in shards]
+    new_keys = {(p, s) for t in new for p, s in zip(t["prompt_id"].to_pylist(), t["image_sha256"].to_pylist())}
+    keep_mask = [
+        sid != scorer_id or ((p, s) in current and (p, s) not in new_keys)
+        for sid, p, s in zip(
+            existing["scorer_id"].to_pylist(), existing["prompt_id"].to_pylist(), existing["image_sha256"].to_pylist()
+        )
+    ]
+    merged = pa.concat_tables([existing.filter(pa.array(keep_mask, pa.bool_())), *new]).cast(lake_schemas.HPS_SCORES)
+    require_valid("hps_scores", merged)
+    lake.write_partition("hps_scores", model_id, merged)
+    for s in shards:
+        s.unlink(missing_ok=True)
+    return sum(t.num_rows for t in new)
+
+
+# --------------------------------------------------------------------------------------------
+# Aggregate
+# --------------------------------------------------------------------------------------------
+
+
+def aggregate_model(
+    settings: Settings,
+    suite: Suite,
+    reference: ReferenceFile,
+    model_id: str,
+    run_id: str,
+    fingerprint: str | None,
+) -> dict:
+    """EPS of one model against the frozen reference -> its `model_scores` row (validated)."""
+    from tasks.lake import Lake
+    from tasks.reference import load_reference_mu
+    from tasks.scoring import eps
+    from tasks.validation import require_valid
+
+    scorer = reference.scorer
+    scores = _scores_for(settings, model_id, reference.scorer_id)
+    if scorer.source == "import":
+        # Scores produced elsewhere: no images of ours to check them against.
+        mu_by_prompt = dict(zip(scores["prompt_id"].to_pylist(), scores["mu"].to_pylist()))
+        n_ok = len(mu_by_prompt)
+        n_quarantined = 0
+        n_missing = len(suite.prompts) - n_ok
+    else:
+        images = Lake(settings.lake_dir).read("images", [model_id])
+        if images.num_rows == 0:
+            raise RuntimeError(f"model {model_id!r} has no ingested images: run `imagebench ingest --model {model_id}`")
+        states = images["state"].to_pylist()
+        ok = {(p, s) for p, s, st in zip(images["prompt_id"].to_pylist(), images["image_sha256"].to_pylist(), states) if st == "ok"}
+        mu_by_prompt = {
+            p: m
+            for p, s, m in zip(scores["prompt_id"].to_pylist(), scores["image_sha256"].to_pylist(), scores["mu"].to_pylist())
+            if (p, s) in ok
+        }
+        n_ok, n_quarantined, n_missing = states.count("ok"), states.count("quarantined"), states.count("missing")
+        unscored = [p for p, _ in ok if p not in mu_by_prompt and suite.by_id[p].eps_eligible]
+        if unscored:
+            raise RuntimeError(
+                f"model {model_id!r}: {len(unscored)} ok images have no HPSv3 score yet "
+                f"(e.g. {sorted(unscored)[:3]}); run `imagebench score --model {model_id}`"
+            )
+    result = eps(mu_by_prompt, load_reference_mu(reference), suite.eligible_ids)
+    uncalibrated = bool(scorer.uncalibrated) or any(scores["uncalibrated"].to_pylist())
+    row = {
+        "model_id": model_id,
+        "suite_version": suite.version,
+        "reference_version": reference.version,
+        "reference_sha256": reference_sha256(settings),
+        "scorer_name": scorer.scorer_name,
+        "scorer_id": reference.scorer_id,
+        "eps": result.eps,
+        "eps_prompts_scored": result.prompts_scored,
+        "eps_prompts_eligible": result.prompts_eligible,
+        "eps_prompts_lost": result.prompts_lost,
+        "images_ok": n_ok,
+        "images_quarantined": n_quarantined,
+        "images_missing": n_missing,
+        "complete": result.prompts_lost == 0,
+        "uncalibrated": uncalibrated,
+        "source_fingerprint": fingerprint,
+        "run_id": run_id,
+        "scored_at": utcnow(),
+    }
+    table = pa.Table.from_pylist([row], schema=lake_schemas.MODEL_SCORES)
+    require_valid("model_scores", table)
+    Lake(settings.lake_dir).replace_rows(
+        "model_scores", model_id, table, match_on=["suite_version", "reference_version", "scorer_id"]
+    )
+    return row
+
+
+def current_scores(settings: Settings, model_ids: list[str], identity: ScorerIdentity) -> pa.Table:
+    """The scorer's mu for each model's current images (imported scores: all rows of that scorer)."""
+    tables = []
+    for model_id in model_ids:
+        scores = _scores_for(settings, model_id, identity.scorer_id)
+        if identity.source == "hpsv3":
+            ok = _ok_images(settings, model_id)
+            current = set(zip(ok["prompt_id"].to_pylist(), ok["image_sha256"].to_pylist()))
+            mask = [(p, s) in current for p, s in zip(scores["prompt_id"].to_pylist(), scores["image_sha256"].to_pylist())]
+            scores = scores.filter(pa.array(mask, pa.bool_()))
+        tables.append(scores)
+    return pa.concat_tables(tables) if tables else lake_schemas.HPS_SCORES.empty_table()
+
+
+def reference_sha256(settings: Settings) -> str:
+    return hashlib.sha256(settings.reference_path.read_bytes()).hexdigest()
+
+
+# --------------------------------------------------------------------------------------------
+# Discovery (nightly) and catalog
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ModelPlan:
+    model_id: str
+    status: str  # "new" | "changed" | "up_to_date" | "invalid"
+    fingerprint: str | None
+    detail: str = ""
+
+
+def discover_models(settings: Settings, suite: Suite, reference: ReferenceFile) -> list[ModelPlan]:
+    """Every model in the object store, and whether it needs scoring against this suite,
+    reference and scorer. A model is up to date when its object listing is unchanged since it
+    was scored; nothing else is recomputed."""
+    from tasks.lake import Lake
+    from tasks.storage import InvalidModelId, listing_fingerprint, validate_model_id
+
+    store = open_configured_store(settings)
+    scores = Lake(settings.lake_dir).read("model_scores")
+    recorded: dict[str, str | None] = {}
+    for m, sv, rv, sid, fp in zip(
+        scores["model_id"].to_pylist(),
+        scores["suite_version"].to_pylist(),
+        scores["reference_version"].to_pylist(),
+        scores["scorer_id"].to_pylist(),
+        scores["source_fingerprint"].to_pylist(),
+    ):
+        if sv == suite.version and rv == reference.version and sid == reference.scorer_id:
+            recorded[m] = fp
+    plans = []
+    for model_id in sorted(store.list_models()):
+        try:
+            validate_model_id(model_id)
+        except InvalidModelId as exc:
+            plans.append(ModelPlan(model_id, "invalid", None, str(exc)))
+            continue
+        fp = listing_fingerprint(store.list_model_objects(model_id))
+        if model_id not in recorded:
+            plans.append(ModelPlan(model_id, "new", fp))
+        elif recorded[model_id] != fp:
+            plans.append(ModelPlan(model_id, "changed", fp))
+        else:
+            plans.append(ModelPlan(model_id, "up_to_date", fp))
+    return plans
+
+
+def refresh(settings: Settings, suite: Suite) -> Path:
+    from tasks.lake import refresh_catalog
+
+    refresh_catalog(settings.lake_dir, settings.catalog_path, suite, settings.reference_version)
+    return settings.catalog_path
+
+
+def dump_json(obj: object) -> str:
+    return json.dumps(obj, indent=1, sort_keys=True, default=str)

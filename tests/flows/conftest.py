@@ -1,0 +1,104 @@
+"""Fixtures for real Prefect flow runs on a temporary workspace with the tiny HPSv3 model."""
+
+from __future__ import annotations
+
+import io
+import os
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
+os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
+
+REPO = Path(__file__).resolve().parents[2]
+SUITE_FILE = REPO / "reference" / "suite-imagebench-v1.jsonl"
+
+
+@pytest.fixture(scope="session")
+def prefect_harness():
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=120):
+        yield
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory) -> tuple[Path, Path]:
+    from tasks.hpsv3.tiny import write_tiny_base_model, write_tiny_checkpoint
+
+    root = tmp_path_factory.mktemp("tiny-hpsv3")
+    base, ckpt = root / "base", root / "HPSv3-tiny.safetensors"
+    write_tiny_base_model(base)
+    write_tiny_checkpoint(base, ckpt, seed=0)
+    return base, ckpt
+
+
+@pytest.fixture(scope="session")
+def other_tiny_checkpoint(tiny_model, tmp_path_factory) -> Path:
+    from tasks.hpsv3.tiny import write_tiny_checkpoint
+
+    path = tmp_path_factory.mktemp("tiny-hpsv3-other") / "HPSv3-tiny-seed1.safetensors"
+    write_tiny_checkpoint(tiny_model[0], path, seed=1)
+    return path
+
+
+def _suite_ids() -> list[str]:
+    from tasks.suite import load_suite
+
+    return [p.prompt_id for p in load_suite(SUITE_FILE).prompts]
+
+
+PROMPT_IDS = _suite_ids()
+
+
+def image_bytes(seed: int, side: int = 96, fmt: str = "PNG") -> bytes:
+    """A small deterministic image: a smooth colour field plus seeded noise."""
+    rng = np.random.default_rng(seed)
+    base = rng.integers(0, 255, size=3)
+    yy, xx = np.mgrid[0:side, 0:side]
+    arr = (base[None, None, :] + 0.5 * xx[..., None] * rng.uniform(0, 1) + rng.normal(0, 20, (side, side, 3)))
+    img = Image.fromarray(np.clip(arr, 0, 255).astype(np.uint8))
+    buf = io.BytesIO()
+    img.save(buf, format=fmt)
+    return buf.getvalue()
+
+
+def put_model(objects: Path, model_id: str, prompt_ids, seed: int) -> None:
+    d = objects / "models" / model_id
+    d.mkdir(parents=True, exist_ok=True)
+    for i, pid in enumerate(prompt_ids):
+        (d / f"{pid}.png").write_bytes(image_bytes(seed * 10_000 + i))
+
+
+@pytest.fixture()
+def workspace(tmp_path, monkeypatch, tiny_model) -> Path:
+    """A fresh IMAGEBENCH_HOME with its own reference dir (suite copied and pinned)."""
+    from tasks.reference import pin_suite
+
+    home, refdir = tmp_path / "home", tmp_path / "reference"
+    refdir.mkdir(parents=True)
+    shutil.copyfile(SUITE_FILE, refdir / SUITE_FILE.name)
+    pin_suite(refdir, refdir / SUITE_FILE.name)
+    base, ckpt = tiny_model
+    for key, value in {
+        "IMAGEBENCH_HOME": str(home),
+        "IMAGEBENCH_REFERENCE_DIR": str(refdir),
+        "IMAGEBENCH_REFERENCE_VERSION": "t1",
+        "IMAGEBENCH_HPSV3_BASE_MODEL": str(base),
+        "IMAGEBENCH_HPSV3_CHECKPOINT": str(ckpt),
+        "IMAGEBENCH_DEVICE": "cpu",
+        "IMAGEBENCH_BATCH_SIZE": "8",
+        "IMAGEBENCH_TASK_BATCH_SIZE": "48",
+    }.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.delenv("IMAGEBENCH_STORE", raising=False)
+    monkeypatch.delenv("IMAGEBENCH_CONFIG", raising=False)
+    from tasks import work
+
+    work.scorer_identity.cache_clear()
+    return home

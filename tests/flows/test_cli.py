@@ -1,0 +1,184 @@
+"""The `imagebench` command line, as a user types it."""
+
+from __future__ import annotations
+
+import csv
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from tests.flows.conftest import REPO, image_bytes, put_model
+
+runner = CliRunner()
+
+
+def invoke(*args: str):
+    from flows.cli import app
+
+    return runner.invoke(app, list(args), catch_exceptions=False)
+
+
+def _lake_snapshot(home: Path) -> dict:
+    lake = home / "lake"
+    return {p: p.read_bytes() for p in sorted(lake.rglob("*.parquet"))} if lake.exists() else {}
+
+
+def test_light_commands_import_no_heavy_packages(tmp_path):
+    """`sql` and `leaderboard` must not import torch, Prefect or Great Expectations."""
+    code = (
+        "import sys\n"
+        "from typer.testing import CliRunner\n"
+        "from flows.cli import app\n"
+        "r = CliRunner().invoke(app, ['sql', 'SELECT 42 AS answer', '--format', 'json'])\n"
+        "r2 = CliRunner().invoke(app, ['leaderboard', '--format', 'json'])\n"
+        "heavy = [m for m in ('torch', 'prefect', 'great_expectations', 'transformers') if m in sys.modules]\n"
+        "print(r.exit_code, r2.exit_code, heavy)\n"
+        "print(r.output)\n"
+    )
+    # A catalog with nothing in it yet: build it with the library (not timed, not the CLI).
+    home = tmp_path / "home"
+    env = {"IMAGEBENCH_HOME": str(home), "PATH": "/usr/bin:/bin"}
+    subprocess.run(
+        [sys.executable, "-c",
+         "from schemas.settings import load_settings; from tasks.suite import load_suite; "
+         "from tasks.lake import refresh_catalog; s=load_settings(); "
+         "refresh_catalog(s.lake_dir, s.catalog_path, load_suite(s.suite_path), s.reference_version)"],
+        cwd=REPO, env=env, check=True,
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, check=True)
+    first = out.stdout.splitlines()[0]
+    assert first == "0 0 []", out.stdout + out.stderr
+    assert json.loads("\n".join(out.stdout.splitlines()[1:])) == [{"answer": 42}]
+
+
+def test_sql_is_read_only(workspace):
+    from schemas.settings import load_settings
+    from tasks.lake import refresh_catalog
+    from tasks.suite import load_suite
+
+    s = load_settings()
+    refresh_catalog(s.lake_dir, s.catalog_path, load_suite(s.suite_path), s.reference_version)
+    ok = invoke("sql", "SELECT count(*) AS n FROM prompts WHERE eps_eligible", "--format", "csv")
+    assert ok.exit_code == 0 and ok.output.strip().splitlines() == ["n", "165"]
+    for bad in ("CREATE TABLE x AS SELECT 1", "ATTACH 'evil.db'", f"COPY prompts TO '{workspace}/x.csv'"):
+        r = invoke("sql", bad)
+        assert r.exit_code == 1, bad
+        assert "error" in r.output.lower()
+    assert not (workspace / "x.csv").exists()
+
+
+def test_model_id_path_tricks_rejected(workspace):
+    before = _lake_snapshot(workspace)
+    for bad in ("../etc", "a/b", "..", ".hidden"):
+        r = invoke("ingest", "--model", bad)
+        assert r.exit_code == 1
+        assert bad in r.output
+    assert _lake_snapshot(workspace) == before
+
+
+def test_unreachable_s3_endpoint_is_a_clear_error(workspace, monkeypatch):
+    monkeypatch.setenv("IMAGEBENCH_STORE", "s3://bucket/prefix")
+    monkeypatch.setenv("IMAGEBENCH_S3_ENDPOINT", "http://127.0.0.1:9")
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "x")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "y")
+    r = invoke("ingest", "--model", "m1")
+    assert r.exit_code == 1
+    assert "127.0.0.1:9" in r.output
+    assert not (workspace / "lake" / "images").exists()
+
+
+def _scores_csv(path: Path, rows: list[dict], columns=("model_id", "prompt_id", "mu")) -> Path:
+    with open(path, "w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=list(columns))
+        w.writeheader()
+        for r in rows:
+            w.writerow({c: r.get(c, "") for c in columns})
+    return path
+
+
+def test_import_scores_bad_files_change_nothing(workspace, tmp_path):
+    from tests.flows.conftest import PROMPT_IDS
+
+    before = _lake_snapshot(workspace)
+    p0, p1 = PROMPT_IDS[30], PROMPT_IDS[31]
+    cases = {
+        "missing column": (_scores_csv(tmp_path / "a.csv", [{"model_id": "m", "prompt_id": p0}], ("model_id", "prompt_id")), "mu"),
+        "nan": (_scores_csv(tmp_path / "b.csv", [{"model_id": "m", "prompt_id": p0, "mu": "nan"}]), "not finite"),
+        "duplicate": (_scores_csv(tmp_path / "c.csv", [{"model_id": "m", "prompt_id": p0, "mu": "1"}] * 2), "duplicate"),
+        "unknown prompt": (_scores_csv(tmp_path / "d.csv", [{"model_id": "m", "prompt_id": "nope-01", "mu": "1"}]), "nope-01"),
+        "bad model": (_scores_csv(tmp_path / "e.csv", [{"model_id": "../x", "prompt_id": p1, "mu": "1"}]), "../x"),
+    }
+    for name, (path, needle) in cases.items():
+        r = invoke("import-scores", str(path), "--scorer", "lab-x")
+        assert r.exit_code == 1, name
+        assert needle in r.output, (name, r.output)
+        assert str(path) in r.output.replace("\n", ""), name
+    assert _lake_snapshot(workspace) == before
+
+
+def test_import_scores_reference_and_eps(prefect_harness, workspace, tmp_path, monkeypatch):
+    """A reference built from imported scores; models imported under the same name get EPS."""
+    from schemas.settings import load_settings
+    from tasks.suite import load_suite
+
+    eligible = list(load_suite(load_settings().suite_path).eligible_ids)
+    rows = []
+    for i, m in enumerate(("base-1", "base-2", "base-3")):
+        rows += [{"model_id": m, "prompt_id": p, "mu": str(float(i))} for p in eligible]
+    r = invoke("import-scores", str(_scores_csv(tmp_path / "base.csv", rows)), "--scorer", "lab-x")
+    assert r.exit_code == 0, r.output
+    baseline = tmp_path / "baseline.txt"
+    baseline.write_text("base-1\nbase-2\nbase-3\n")
+    monkeypatch.setenv("IMAGEBENCH_REFERENCE_VERSION", "lab-x-1")
+    r = invoke("reference", "build", "--version", "lab-x-1", "--baseline", str(baseline), "--scorer", "lab-x")
+    assert r.exit_code == 0, r.output
+    ref = json.loads((load_settings().reference_path).read_text())
+    assert {p["mu_ref"] for p in ref["prompts"]} == {1.0}
+    # A contender: mu = mu_ref + 0 on half the prompts, nothing for the rest (losses).
+    half = eligible[: len(eligible) // 2]
+    r = invoke("import-scores", str(_scores_csv(tmp_path / "c.csv", [{"model_id": "cand", "prompt_id": p, "mu": "1.0"} for p in half])), "--scorer", "lab-x")
+    assert r.exit_code == 0, r.output
+    # Models imported before the reference existed are scored on request.
+    r = invoke("score", "--model", "base-2", "--scorer", "lab-x")
+    assert r.exit_code == 0, r.output
+    lb = invoke("leaderboard", "--format", "json")
+    data = {row["model_id"]: row for row in json.loads(lb.output)}
+    assert data["cand"]["eps"] == pytest.approx(100 * 0.5 * len(half) / len(eligible))
+    assert data["cand"]["complete"] is False
+    assert data["base-2"]["eps"] == pytest.approx(50.0)
+    # Rebuilding the same version is refused and leaves the bytes alone.
+    before = load_settings().reference_path.read_bytes()
+    r = invoke("reference", "build", "--version", "lab-x-1", "--baseline", str(baseline), "--scorer", "lab-x")
+    assert r.exit_code == 1 and "lab-x-1" in r.output
+    assert load_settings().reference_path.read_bytes() == before
+    assert invoke("reference", "verify").exit_code == 0
+
+
+def test_hpsv3_adhoc_prints_rows_in_input_order(tmp_path, tiny_model):
+    base, ckpt = tiny_model
+    names = []
+    for i in range(5):
+        (tmp_path / f"img{i}.png").write_bytes(image_bytes(100 + i))
+        names.append(f"img{i}.png")
+    pairs = tmp_path / "pairs.csv"
+    with open(pairs, "w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(["image", "prompt"])
+        for i, n in enumerate(names):
+            w.writerow([n, f"a photo number {i}"])
+    args = ["hpsv3", "--pairs", str(pairs), "--base-model", str(base), "--checkpoint", str(ckpt), "--device", "cpu"]
+    r = invoke(*args, "--format", "json", "--batch-size", "2")
+    assert r.exit_code == 0, r.output
+    rows = json.loads(r.output[r.output.index("[") : r.output.rindex("]") + 1])
+    assert [Path(x["image"]).name for x in rows] == names
+    r1 = invoke(*args, "--format", "json", "--batch-size", "1")
+    rows1 = json.loads(r1.output[r1.output.index("[") : r1.output.rindex("]") + 1])
+    assert [x["mu"] for x in rows] == pytest.approx([x["mu"] for x in rows1], abs=1e-5)
+    # A pairs file naming a missing image fails naming the file and line.
+    pairs.write_text("image,prompt\nnope.png,hello\n")
+    bad = invoke(*args)
+    assert bad.exit_code == 1 and "nope.png" in bad.output and "pairs.csv:2" in bad.output

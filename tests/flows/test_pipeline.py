@@ -1,0 +1,189 @@
+"""Real Prefect flow runs (prefect_test_harness) over a temporary workspace with the tiny model."""
+
+from __future__ import annotations
+
+import hashlib
+import math
+
+import duckdb
+import numpy as np
+import pytest
+
+from tests.flows.conftest import PROMPT_IDS, put_model
+
+pytestmark = pytest.mark.slow
+
+
+def _eligible():
+    from schemas.settings import load_settings
+    from tasks.suite import load_suite
+
+    return list(load_suite(load_settings().suite_path).eligible_ids)
+
+
+def _model_scores():
+    from schemas.settings import load_settings
+    from tasks.lake import Lake
+
+    t = Lake(load_settings().lake_dir).read("model_scores")
+    return {r["model_id"]: r for r in t.to_pylist()}
+
+
+def _expected_eps(model_id: str) -> float:
+    """EPS recomputed by hand from the lake's mu and the reference file's mu_ref."""
+    import json
+
+    from schemas.settings import load_settings
+    from tasks.lake import Lake
+
+    s = load_settings()
+    ref = json.loads(s.reference_path.read_text())
+    mu_ref = {p["prompt_id"]: p["mu_ref"] for p in ref["prompts"]}
+    t = Lake(s.lake_dir).read("hps_scores", [model_id]).to_pylist()
+    mu = {r["prompt_id"]: r["mu"] for r in t if r["scorer_id"] == ref["scorer_id"]}
+    total = sum(1.0 / (1.0 + math.exp(-(mu[p] - mu_ref[p]))) if p in mu else 0.0 for p in mu_ref)
+    return 100.0 * total / len(mu_ref)
+
+
+@pytest.fixture()
+def built_reference(prefect_harness, workspace):
+    from flows.pipeline import reference_build_flow
+
+    eligible = _eligible()
+    objects = workspace / "objects"
+    put_model(objects, "base-a", eligible, seed=1)
+    put_model(objects, "base-b", eligible, seed=2)
+    path = reference_build_flow("t1", ["base-a", "base-b"])
+    return workspace, objects, path
+
+
+def test_reference_nightly_and_rerun(built_reference):
+    from flows.pipeline import nightly_flow
+    from schemas.settings import load_settings
+
+    home, objects, ref_path = built_reference
+    settings = load_settings()
+    sums = (settings.reference_dir / "SHA256SUMS").read_text()
+    assert hashlib.sha256(open(ref_path, "rb").read()).hexdigest() in sums
+
+    eligible = _eligible()
+    put_model(objects, "full", eligible, seed=3)
+    put_model(objects, "partial", eligible[:40], seed=4)
+    (objects / "models" / "partial" / f"{eligible[40]}.png").write_bytes(b"\x89PNG\r\n\x1a\n broken")
+
+    summary = nightly_flow()
+    assert sorted(summary["scored"]) == ["base-a", "base-b", "full", "partial"]
+    rows = _model_scores()
+    assert rows["full"]["complete"] and rows["full"]["eps_prompts_scored"] == 165
+    assert rows["partial"]["complete"] is False
+    assert rows["partial"]["eps_prompts_scored"] == 40
+    assert rows["partial"]["eps_prompts_lost"] == 125
+    assert rows["partial"]["images_quarantined"] == 1
+    for m in rows:
+        assert rows[m]["eps"] == pytest.approx(_expected_eps(m), abs=1e-9)
+        assert rows[m]["eps_prompts_eligible"] == 165
+
+    # The catalog is a plain DuckDB file an analyst opens without imagebench.
+    con = duckdb.connect(str(settings.catalog_path), read_only=True)
+    lb = con.execute("SELECT model_id, eps, complete FROM leaderboard").fetchall()
+    assert {r[0] for r in lb} == {"base-a", "base-b", "full", "partial"}
+    assert con.execute("SELECT count(*) FROM prompts").fetchall()[0][0] == 192
+    assert con.execute("SELECT count(*) FROM quarantine WHERE model_id='partial'").fetchall()[0][0] == 1
+    con.close()
+
+    # A second nightly recomputes nothing.
+    hps_file = settings.lake_dir / "hps_scores" / "model_id=full" / "data.parquet"
+    before = hps_file.stat().st_mtime_ns
+    again = nightly_flow()
+    assert again["scored"] == []
+    assert hps_file.stat().st_mtime_ns == before
+
+    # Adding a model never changes another model's EPS.
+    eps_before = {m: r["eps"] for m, r in _model_scores().items()}
+    put_model(objects, "newcomer", eligible[:30], seed=5)
+    third = nightly_flow()
+    assert third["scored"] == ["newcomer"]
+    after = _model_scores()
+    for m, e in eps_before.items():
+        assert after[m]["eps"] == e
+
+    # A changed image re-scores that model only, and only the changed image goes through HPSv3.
+    from tests.flows.conftest import image_bytes
+
+    (objects / "models" / "full" / f"{eligible[0]}.png").write_bytes(image_bytes(999_999))
+    fourth = nightly_flow()
+    assert fourth["scored"] == ["full"]
+    from tasks.lake import Lake
+
+    t = Lake(settings.lake_dir).read("hps_scores", ["full"]).to_pylist()
+    assert len(t) == 165
+    newest = max(r["scored_at"] for r in t)
+    assert sum(r["scored_at"] == newest for r in t) == 1
+
+
+def test_reference_is_never_rewritten_and_tampering_is_refused(built_reference):
+    from flows.pipeline import reference_build_flow, score_model_flow
+    from schemas.settings import load_settings
+    from tasks.reference import ReferenceExists, ReferenceTampered
+
+    home, objects, ref_path = built_reference
+    before = open(ref_path, "rb").read()
+    with pytest.raises(ReferenceExists):
+        reference_build_flow("t1", ["base-b"])
+    assert open(ref_path, "rb").read() == before
+
+    # Edit one mu_ref by hand: every scoring run refuses, and the lake is untouched.
+    settings = load_settings()
+    lake_files = sorted(p for p in settings.lake_dir.rglob("*.parquet"))
+    snapshot = {p: p.read_bytes() for p in lake_files}
+    import os
+    import stat
+
+    os.chmod(ref_path, stat.S_IWUSR | stat.S_IRUSR)
+    text = before.decode().replace('"mu_ref": ', '"mu_ref": 1', 1)
+    open(ref_path, "w").write(text)
+    put_model(objects, "victim", _eligible()[:5], seed=7)
+    with pytest.raises(ReferenceTampered):
+        score_model_flow("victim")
+    assert {p: p.read_bytes() for p in lake_files} == snapshot
+    assert not (settings.lake_dir / "images" / "model_id=victim").exists()
+
+
+def test_scorer_identity_mismatch_is_refused(built_reference, monkeypatch, other_tiny_checkpoint):
+    from flows.pipeline import score_model_flow
+    from tasks import work
+    from tasks.reference import ScorerMismatch
+
+    home, objects, _ = built_reference
+    put_model(objects, "other", _eligible()[:5], seed=8)
+    monkeypatch.setenv("IMAGEBENCH_HPSV3_CHECKPOINT", str(other_tiny_checkpoint))
+    work.scorer_identity.cache_clear()
+    with pytest.raises(ScorerMismatch):
+        score_model_flow("other")
+
+
+def test_score_model_matches_direct_scorer(built_reference):
+    """The flow's mu equals the scorer's mu on the same files (nothing lost in between)."""
+    from flows.pipeline import score_model_flow
+    from schemas.settings import load_settings
+    from tasks import work
+    from tasks.lake import Lake
+
+    home, objects, _ = built_reference
+    ids = _eligible()[:6]
+    put_model(objects, "direct", ids, seed=9)
+    row = score_model_flow("direct")
+    assert row["eps_prompts_scored"] == 6 and row["complete"] is False
+    s = load_settings()
+    lake = Lake(s.lake_dir)
+    images = {r["prompt_id"]: r for r in lake.read("images", ["direct"]).to_pylist() if r["state"] == "ok"}
+    scores = {r["prompt_id"]: r["mu"] for r in lake.read("hps_scores", ["direct"]).to_pylist()}
+    from tasks.suite import load_suite
+
+    suite = load_suite(s.suite_path)
+    scorer = work.get_scorer(work.ScorerSpec.from_settings(s))
+    direct = scorer.score(
+        [str(s.home / images[p]["image_path"]) for p in ids], [suite.by_id[p].prompt for p in ids], batch_size=3
+    )
+    np.testing.assert_allclose([scores[p] for p in ids], direct[:, 0], rtol=0, atol=1e-5)
+    assert set(PROMPT_IDS) >= set(scores)
