@@ -296,6 +296,11 @@ def _catalog_or_exit(settings: Settings) -> Path:
 
 
 LEADERBOARD_SORTS = ("eps", "model_id", "eps_prompts_lost", "scored_at")
+LEADERBOARD_TABLE_COLUMNS = (
+    "rank, model_id, round(eps, 2) AS eps, eps_prompts_scored AS scored, eps_prompts_eligible AS eligible, "
+    "eps_prompts_lost AS lost, images_quarantined AS quarantined, images_missing AS missing, complete, "
+    "uncalibrated, scorer_name AS scorer, reference_version AS reference, strftime(scored_at, '%Y-%m-%d %H:%M') AS scored_at"
+)
 
 
 @app.command()
@@ -311,8 +316,12 @@ def leaderboard(
         from tasks.lake import query
 
         order = "ASC" if sort == "model_id" else "DESC"
-        columns, rows = query(_catalog_or_exit(settings), f"SELECT * FROM leaderboard ORDER BY {sort} {order}, model_id")
-        render(columns, rows, fmt, title=f"imagebench leaderboard (reference {settings.reference_version})")
+        # The terminal table shows what a reader compares; csv/json carry every column.
+        select = LEADERBOARD_TABLE_COLUMNS if fmt is OutputFormat.table else "*"
+        columns, rows = query(
+            _catalog_or_exit(settings), f"SELECT {select} FROM leaderboard ORDER BY {sort} {order}, model_id"
+        )
+        render(columns, rows, fmt, title="imagebench leaderboard")
         if "uncalibrated" in columns:
             i = columns.index("uncalibrated")
             _warn_uncalibrated(any(r[i] for r in rows), fmt)

@@ -101,3 +101,24 @@ def run_demo(console: Console) -> None:
         f"nightly: {summary['discovered']} models discovered, {len(summary['scored'])} scored, "
         f"{len(summary['up_to_date'])} already up to date"
     )
+    settings_file = _write_demo_settings(settings)
+    console.print(
+        f"to keep working in the demo workspace (its reference and model): "
+        f"[bold]export IMAGEBENCH_CONFIG={settings_file}[/]"
+    )
+
+
+def _write_demo_settings(settings) -> Path:
+    """A settings file that points later commands at the demo's reference and scorer."""
+    import yaml
+
+    path = settings.home / "demo-settings.yaml"
+    values = {
+        "home": str(settings.home.resolve()),
+        "reference_dir": str(settings.reference_dir.resolve()),
+        "reference_version": settings.reference_version,
+        "hpsv3_base_model": settings.hpsv3_base_model,
+        "hpsv3_checkpoint": settings.hpsv3_checkpoint,
+    }
+    path.write_text(yaml.safe_dump(values, sort_keys=True))
+    return path

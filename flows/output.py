@@ -39,7 +39,7 @@ def _cell(value: Any) -> str:
     if value is None:
         return ""
     if isinstance(value, float):
-        return f"{value:.4f}" if abs(value) < 1e6 else f"{value:.6g}"
+        return f"{value:.6g}"
     return str(value)
 
 
@@ -68,4 +68,7 @@ def render(
             table.add_column(c, overflow="fold")
         for row in rows:
             table.add_row(*(_cell(v) for v in row))
-        Console(file=out, width=max(120, Console().width)).print(table)
+        console = Console(file=out)
+        if not console.is_terminal:
+            console = Console(file=out, width=240)  # piped: never fold cells into slivers
+        console.print(table)
