@@ -187,3 +187,40 @@ def test_score_model_matches_direct_scorer(built_reference):
     )
     np.testing.assert_allclose([scores[p] for p in ids], direct[:, 0], rtol=0, atol=1e-5)
     assert set(PROMPT_IDS) >= set(scores)
+
+
+def test_score_model_from_s3_store(built_reference, s3_bucket, s3_env, monkeypatch):
+    """`score` reads a model straight from a real S3 server over HTTP (SeaweedFS on loopback)."""
+    from flows.pipeline import score_model_flow
+    from tasks.storage import open_store
+    from tests.flows.conftest import image_bytes
+
+    store = open_store(f"s3://{s3_bucket}/bench", endpoint=s3_env.endpoint_url)
+    ids = _eligible()[:8]
+    for i, pid in enumerate(ids):
+        store.write(f"models/s3-model/{pid}.png", image_bytes(50_000 + i))
+    store.write("models/s3-model/not-a-prompt.png", image_bytes(1))
+    monkeypatch.setenv("IMAGEBENCH_STORE", f"s3://{s3_bucket}/bench")
+    row = score_model_flow("s3-model")
+    assert row["eps_prompts_scored"] == 8
+    from schemas.settings import load_settings
+    from tasks.lake import Lake
+
+    lake = Lake(load_settings().lake_dir)
+    q = lake.read("quarantine", ["s3-model"]).to_pylist()
+    assert [r["reason"] for r in q] == ["unknown_prompt"]
+    uris = [r["object_uri"] for r in lake.read("images", ["s3-model"]).to_pylist() if r["state"] == "ok"]
+    assert all(u.startswith(f"s3://{s3_bucket}/bench/models/s3-model/") for u in uris) and len(uris) == 8
+
+
+def test_nightly_deployment_has_an_explicit_cron_schedule(monkeypatch):
+    from flows.deployments import build_deployments
+
+    monkeypatch.setenv("IMAGEBENCH_NIGHTLY_CRON", "30 3 * * *")
+    monkeypatch.setenv("IMAGEBENCH_NIGHTLY_TZ", "Europe/Paris")
+    deployments = {d.name: d for d in build_deployments()}
+    assert set(deployments) == {"nightly", "backfill"}
+    (schedule,) = deployments["nightly"].schedules
+    assert schedule.schedule.cron == "30 3 * * *"
+    assert schedule.schedule.timezone == "Europe/Paris"
+    assert not deployments["backfill"].schedules
