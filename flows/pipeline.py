@@ -18,7 +18,7 @@ from prefect.task_runners import ThreadPoolTaskRunner
 
 from schemas.reference import ReferenceFile
 from schemas.settings import Settings, load_settings
-from tasks import work
+from tasks import progress, work
 from tasks.suite import Suite
 
 GPU_TAG = "gpu"
@@ -85,6 +85,8 @@ def _score_models(
             model_id, summary.images_ok, summary.images_quarantined, summary.images_missing,
             sum(len(b) for b in plan), len(plan),
         )
+        if plan:
+            progress.advance(f"hpsv3 {model_id}", sum(len(b) for b in plan), 0)
         batches[model_id] = [hps_batch_task.submit(settings, suite, b, spec) for b in plan]
     rows = []
     for model_id in model_ids:

@@ -15,14 +15,19 @@ Reporter = Callable[[str, int, int], None]  # (stage label, total, advance by)
 _log = logging.getLogger("imagebench.progress")
 _lock = threading.Lock()
 _done: dict[str, int] = {}
+_totals: dict[str, int] = {}
 
 
 def _log_reporter(stage: str, total: int, n: int) -> None:
+    """Log each stage at every 10% (a total of 0 means "keep the total you were given")."""
     with _lock:
+        if total > 0:
+            _totals[stage] = total
         before = _done.get(stage, 0)
         after = before + n
         _done[stage] = after
-    if total and (after * 10 // total) != (before * 10 // total) or after == total:
+        total = _totals.get(stage, 0)
+    if n and total and ((after * 10 // total) != (before * 10 // total) or after == total):
         _log.info("%s: %d/%d", stage, after, total)
 
 

@@ -228,7 +228,7 @@ def score_hps_batch(settings: Settings, suite: Suite, batch: HpsBatch, spec: Sco
     """Score one batch with HPSv3 and write it as a staging shard. An existing shard is reused."""
     shard = _shard_path(settings, batch)
     if shard.exists():
-        progress.advance(f"hpsv3 {batch.model_id}", -1, len(batch))
+        progress.advance(f"hpsv3 {batch.model_id}", 0, len(batch))
         return shard
     scorer = get_scorer(spec)
     identity = scorer.identity
@@ -240,7 +240,7 @@ def score_hps_batch(settings: Settings, suite: Suite, batch: HpsBatch, spec: Sco
         [it.image_path for it in batch.items],
         [it.prompt for it in batch.items],
         batch_size=settings.batch_size,
-        progress=lambda n: progress.advance(f"hpsv3 {batch.model_id}", -1, n),
+        progress=lambda n: progress.advance(f"hpsv3 {batch.model_id}", 0, n),
     )
     now = utcnow()
     n = len(batch)
