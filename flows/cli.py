@@ -295,31 +295,40 @@ def _catalog_or_exit(settings: Settings) -> Path:
     return path
 
 
-LEADERBOARD_SORTS = ("eps", "model_id", "eps_prompts_lost", "scored_at")
+LEADERBOARD_SORTS = ("overall", "capability", "eps", "rank", "model_id", "judge_coverage", "eps_prompts_lost", "scored_at")
 LEADERBOARD_TABLE_COLUMNS = (
-    "rank, model_id, round(eps, 2) AS eps, eps_prompts_scored AS scored, eps_prompts_eligible AS eligible, "
-    "eps_prompts_lost AS lost, images_quarantined AS quarantined, images_missing AS missing, complete, "
-    "uncalibrated, scorer_name AS scorer, reference_version AS reference, strftime(scored_at, '%Y-%m-%d %H:%M') AS scored_at"
+    "CASE WHEN rank = rank_worst THEN rank::VARCHAR ELSE rank || '-' || rank_worst END AS rank, model_id, "
+    "printf('%.1f [%.1f, %.1f]', overall, overall_lo, overall_hi) AS overall, "
+    "printf('%.1f [%.1f, %.1f]', capability, capability_lo, capability_hi) AS capability, "
+    "printf('%.1f [%.1f, %.1f]', eps, eps_lo, eps_hi) AS eps, "
+    "printf('%.0f%%', 100 * judge_coverage) AS judged, eps_prompts_scored || '/' || eps_prompts_eligible AS eps_scored, "
+    "images_quarantined AS quarantined, images_missing AS missing, "
+    "concat_ws(' ', CASE WHEN provisional THEN 'provisional' END, CASE WHEN NOT complete THEN 'incomplete' END, "
+    "CASE WHEN uncalibrated THEN 'UNCALIBRATED' END) AS flags, "
+    "reference_version AS reference, strftime(scored_at, '%Y-%m-%d %H:%M') AS scored_at"
 )
 
 
 @app.command()
 def leaderboard(
     fmt: Annotated[OutputFormat, typer.Option("--format")] = OutputFormat.table,
-    sort: Annotated[str, typer.Option(help=f"one of {', '.join(LEADERBOARD_SORTS)}")] = "eps",
+    sort: Annotated[str, typer.Option(help=f"one of {', '.join(LEADERBOARD_SORTS)}")] = "rank",
 ) -> None:
-    """The leaderboard of the reference in force (one row per model)."""
+    """The leaderboard of the reference in force: Overall, Capability, EPS with 95% intervals,
+    rank bands, judge coverage and flags (one row per model)."""
     with _user_errors():
         if sort not in LEADERBOARD_SORTS:
             raise CliError(f"--sort {sort!r}: choose one of {', '.join(LEADERBOARD_SORTS)}")
         settings = _settings()
         from tasks.lake import query
 
-        order = "ASC" if sort == "model_id" else "DESC"
+        order = "ASC" if sort in ("model_id", "rank") else "DESC"
+        # Qualified names: the table view formats columns under the same names as strings.
+        sort = f"lb.{sort} {order} NULLS LAST" + (", lb.overall DESC NULLS LAST, lb.eps DESC" if sort == "rank" else "")
         # The terminal table shows what a reader compares; csv/json carry every column.
         select = LEADERBOARD_TABLE_COLUMNS if fmt is OutputFormat.table else "*"
         columns, rows = query(
-            _catalog_or_exit(settings), f"SELECT {select} FROM leaderboard ORDER BY {sort} {order}, model_id"
+            _catalog_or_exit(settings), f"SELECT {select} FROM leaderboard lb ORDER BY {sort}, lb.model_id"
         )
         render(columns, rows, fmt, title="imagebench leaderboard")
         if "uncalibrated" in columns:
@@ -374,7 +383,7 @@ def demo() -> None:
         from flows.demo import run_demo
 
         run_demo(err)
-        leaderboard(fmt=OutputFormat.table, sort="eps")
+        leaderboard(fmt=OutputFormat.table, sort="rank")
 
 
 def main() -> None:

@@ -98,9 +98,71 @@ MODEL_SCORES = pa.schema(
         pa.field("images_missing", pa.int32(), nullable=False),
         pa.field("complete", pa.bool_(), nullable=False),
         pa.field("uncalibrated", pa.bool_(), nullable=False),
+        # 95% paired-bootstrap interval of EPS (resampling prompts with a fixed seed, so each
+        # model's interval depends only on its own data).
+        pa.field("eps_lo", pa.float64(), nullable=False),
+        pa.field("eps_hi", pa.float64(), nullable=False),
+        # Capability: 100 * PASS / (PASS + FAIL); missing/quarantined images are FAIL; ERROR,
+        # UNPARSABLE and not-judged are undecided (coverage < 1 -> provisional). Null: nothing judged.
+        pa.field("capability", pa.float64()),
+        pa.field("capability_lo", pa.float64()),
+        pa.field("capability_hi", pa.float64()),
+        pa.field("verdicts_pass", pa.int32(), nullable=False),
+        pa.field("verdicts_fail", pa.int32(), nullable=False),
+        pa.field("verdicts_undecided", pa.int32(), nullable=False),  # ERROR, UNPARSABLE or not judged
+        pa.field("judge_coverage", pa.float64(), nullable=False),  # (PASS + FAIL) / prompts in the suite
+        pa.field("overall", pa.float64()),  # 0.5 * capability + 0.5 * eps
+        pa.field("overall_lo", pa.float64()),
+        pa.field("overall_hi", pa.float64()),
+        pa.field("provisional", pa.bool_(), nullable=False),  # Capability/Overall not final: judge coverage < 1
         pa.field("source_fingerprint", pa.string()),  # listing fingerprint the scores were computed from
         pa.field("run_id", pa.string(), nullable=False),
         pa.field("scored_at", TS, nullable=False),
+    ]
+)
+
+# Every request sent to a judge (one row per attempt, including retries and fallbacks).
+JUDGE_CALLS = pa.schema(
+    [
+        pa.field("model_id", pa.string(), nullable=False),
+        pa.field("prompt_id", pa.string(), nullable=False),
+        pa.field("image_sha256", pa.string(), nullable=False),
+        pa.field("judge", pa.string(), nullable=False),  # judge name in the endpoints config
+        pa.field("judge_model", pa.string(), nullable=False),  # model the endpoint was asked for
+        pa.field("reported_model", pa.string()),  # model the endpoint said answered
+        pa.field("endpoint", pa.string()),  # endpoint name/host, never a key
+        pa.field("template", pa.string(), nullable=False),
+        pa.field("template_sha256", pa.string(), nullable=False),
+        pa.field("sampling", pa.string(), nullable=False),  # canonical JSON of sampling settings
+        pa.field("attempt", pa.int32(), nullable=False),
+        pa.field("outcome", pa.string(), nullable=False),  # PASS / FAIL / UNPARSABLE / ERROR
+        pa.field("error", pa.string()),
+        pa.field("raw_text", pa.string()),
+        pa.field("latency_s", pa.float64()),
+        pa.field("prompt_tokens", pa.int64()),
+        pa.field("completion_tokens", pa.int64()),
+        pa.field("requested_at", TS, nullable=False),
+    ]
+)
+
+# The decided verdict per (model, prompt): what Capability counts.
+VERDICTS = pa.schema(
+    [
+        pa.field("model_id", pa.string(), nullable=False),
+        pa.field("prompt_id", pa.string(), nullable=False),
+        pa.field("suite_version", pa.string(), nullable=False),
+        pa.field("image_sha256", pa.string()),  # null for imported verdicts without hashes
+        pa.field("question_sha256", pa.string(), nullable=False),
+        pa.field("verdict", pa.string(), nullable=False),  # PASS / FAIL / ERROR / UNPARSABLE
+        pa.field("reason", pa.string()),  # why ERROR / UNPARSABLE
+        pa.field("judge", pa.string(), nullable=False),  # which judge decided
+        pa.field("judge_model", pa.string(), nullable=False),
+        pa.field("template_sha256", pa.string(), nullable=False),
+        pa.field("sampling", pa.string(), nullable=False),
+        pa.field("identity", pa.string(), nullable=False),  # hash of the verdict identity (skip key)
+        pa.field("rationale", pa.string()),
+        pa.field("source", pa.string(), nullable=False),  # "judged" or "import"
+        pa.field("decided_at", TS, nullable=False),
     ]
 )
 
@@ -109,4 +171,6 @@ TABLES: dict[str, pa.Schema] = {
     "quarantine": QUARANTINE,
     "hps_scores": HPS_SCORES,
     "model_scores": MODEL_SCORES,
+    "judge_calls": JUDGE_CALLS,
+    "verdicts": VERDICTS,
 }

@@ -41,6 +41,13 @@ class Settings(BaseSettings):
     task_batch_size: int = Field(default=64, ge=1, description="images per Prefect HPSv3 task")
     gpu_concurrency: int = Field(default=1, ge=1)
 
+    # Judges: the routing is part of the benchmark definition (reference/judges-routing-<v>.yaml,
+    # pinned in SHA256SUMS); the endpoints are this deployment's (YAML, see judges.example.yaml).
+    routing_version: str = "v1"
+    judges_config: Path | None = None
+    judge_task_size: int = Field(default=64, ge=1, description="images per Prefect judge task")
+    bootstrap_resamples: int = Field(default=2000, ge=100)
+
     @field_validator("home", "reference_dir")
     @classmethod
     def _expand(cls, v: Path) -> Path:
@@ -91,6 +98,10 @@ class Settings(BaseSettings):
     @property
     def reference_path(self) -> Path:
         return self.reference_dir / f"eps-reference-{self.reference_version}.json"
+
+    @property
+    def routing_path(self) -> Path:
+        return self.reference_dir / f"judges-routing-{self.routing_version}.yaml"
 
     @property
     def sha256sums_path(self) -> Path:

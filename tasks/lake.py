@@ -344,12 +344,23 @@ def _table_view_sql(lake_root: Path, table: str) -> str:
     )
 
 
-# Columns of the leaderboard view, in order. The next issue adds `capability` and `overall`
-# (a join on model_id with the verdict aggregates) between `eps` and the coverage columns.
+# Columns of the leaderboard view, in order (after the computed rank columns).
 LEADERBOARD_COLUMNS = (
-    "rank",
     "model_id",
+    "overall",
+    "overall_lo",
+    "overall_hi",
+    "capability",
+    "capability_lo",
+    "capability_hi",
     "eps",
+    "eps_lo",
+    "eps_hi",
+    "judge_coverage",
+    "provisional",
+    "verdicts_pass",
+    "verdicts_fail",
+    "verdicts_undecided",
     "eps_prompts_scored",
     "eps_prompts_eligible",
     "eps_prompts_lost",
@@ -369,17 +380,31 @@ LEADERBOARD_COLUMNS = (
 
 
 def _leaderboard_sql(suite_version: str, reference_version: str) -> str:
-    cols = ", ".join(_ident(c) for c in LEADERBOARD_COLUMNS if c != "rank")
+    """Latest model_scores row per model, with arena-style rank bands on Overall (EPS when no
+    model has a Capability yet): rank = 1 + models whose lower bound is above this upper bound;
+    rank_worst = models whose upper bound reaches this lower bound (the model itself included)."""
+    cols = ", ".join(f"l.{_ident(c)}" for c in LEADERBOARD_COLUMNS)
     return f"""
 CREATE VIEW leaderboard AS
 WITH latest AS (
     SELECT * FROM model_scores
     WHERE suite_version = {_sql_str(suite_version)} AND reference_version = {_sql_str(reference_version)}
     QUALIFY row_number() OVER (PARTITION BY model_id ORDER BY scored_at DESC, run_id DESC) = 1
+),
+axis AS (SELECT bool_and(overall IS NOT NULL) AS use_overall FROM latest),
+banded AS (
+    SELECT l.*,
+        CASE WHEN a.use_overall THEN l.overall ELSE l.eps END AS rank_score,
+        CASE WHEN a.use_overall THEN coalesce(l.overall_lo, l.overall) ELSE coalesce(l.eps_lo, l.eps) END AS rank_lo,
+        CASE WHEN a.use_overall THEN coalesce(l.overall_hi, l.overall) ELSE coalesce(l.eps_hi, l.eps) END AS rank_hi
+    FROM latest l CROSS JOIN axis a
 )
-SELECT rank() OVER (ORDER BY eps DESC) AS "rank", {cols}
-FROM latest
-ORDER BY eps DESC, model_id
+SELECT
+    1 + (SELECT count(*) FROM banded o WHERE o.rank_lo > l.rank_hi) AS "rank",
+    (SELECT count(*) FROM banded o WHERE o.rank_hi >= l.rank_lo) AS rank_worst,
+    {cols}
+FROM banded l
+ORDER BY l.rank_score DESC, l.model_id
 """
 
 

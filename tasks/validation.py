@@ -11,6 +11,7 @@ GX 1.x has no polars support: polars frames and pyarrow tables are converted to 
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import threading
@@ -127,6 +128,8 @@ def _context() -> Any:
     import great_expectations as gx
     from great_expectations.data_context.types.base import ProgressBarsConfig
 
+    # GE logs an INFO line per ephemeral docs site; keep run output to what the user asked for.
+    logging.getLogger("great_expectations").setLevel(logging.WARNING)
     ctx = gx.get_context(mode="ephemeral")
     ctx.variables.progress_bars = ProgressBarsConfig(globally=False, metric_calculations=False)
     ctx.data_sources.add_pandas("imagebench")

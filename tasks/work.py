@@ -299,6 +299,23 @@ def publish_hps_scores(settings: Settings, suite: Suite, model_id: str, scorer_i
 # --------------------------------------------------------------------------------------------
 
 
+def _latest_verdicts(settings: Settings, model_id: str, current_sha: dict[str, str | None]) -> dict[str, dict]:
+    """The decided verdict per prompt for the model's current images (newest first wins).
+
+    A verdict counts only for the image it judged: a replaced image has no verdict until judged
+    again. Imported verdicts without an image hash count for whatever image is current.
+    """
+    from tasks.lake import Lake
+
+    table = Lake(settings.lake_dir).read("verdicts", [model_id])
+    latest: dict[str, dict] = {}
+    for row in sorted(table.to_pylist(), key=lambda r: r["decided_at"]):
+        sha = row["image_sha256"]
+        if row["prompt_id"] in current_sha and (sha is None or sha == current_sha[row["prompt_id"]]):
+            latest[row["prompt_id"]] = row
+    return latest
+
+
 def aggregate_model(
     settings: Settings,
     suite: Suite,
@@ -307,7 +324,12 @@ def aggregate_model(
     run_id: str,
     fingerprint: str | None,
 ) -> dict:
-    """EPS of one model against the frozen reference -> its `model_scores` row (validated)."""
+    """EPS, Capability, Overall and their 95% intervals for one model -> its `model_scores` row.
+
+    Everything here depends only on this model's own rows and the frozen reference, so scoring
+    another model never changes it (the bootstrap's prompt resamples depend only on the seed).
+    """
+    from tasks import stats
     from tasks.lake import Lake
     from tasks.reference import load_reference_mu
     from tasks.scoring import eps
@@ -315,31 +337,48 @@ def aggregate_model(
 
     scorer = reference.scorer
     scores = _scores_for(settings, model_id, reference.scorer_id)
+    prompt_ids = [p.prompt_id for p in suite.prompts]
     if scorer.source == "import":
         # Scores produced elsewhere: no images of ours to check them against.
         mu_by_prompt = dict(zip(scores["prompt_id"].to_pylist(), scores["mu"].to_pylist()))
-        n_ok = len(mu_by_prompt)
-        n_quarantined = 0
-        n_missing = len(suite.prompts) - n_ok
+        state_by_prompt = {p: ("ok" if p in mu_by_prompt else "missing") for p in prompt_ids}
+        sha_by_prompt: dict[str, str | None] = {p: None for p in prompt_ids}
     else:
         images = Lake(settings.lake_dir).read("images", [model_id])
         if images.num_rows == 0:
             raise RuntimeError(f"model {model_id!r} has no ingested images: run `imagebench ingest --model {model_id}`")
-        states = images["state"].to_pylist()
-        ok = {(p, s) for p, s, st in zip(images["prompt_id"].to_pylist(), images["image_sha256"].to_pylist(), states) if st == "ok"}
+        state_by_prompt = dict(zip(images["prompt_id"].to_pylist(), images["state"].to_pylist()))
+        sha_by_prompt = dict(zip(images["prompt_id"].to_pylist(), images["image_sha256"].to_pylist()))
+        ok = {(p, s) for p, s in sha_by_prompt.items() if state_by_prompt[p] == "ok"}
         mu_by_prompt = {
             p: m
             for p, s, m in zip(scores["prompt_id"].to_pylist(), scores["image_sha256"].to_pylist(), scores["mu"].to_pylist())
             if (p, s) in ok
         }
-        n_ok, n_quarantined, n_missing = states.count("ok"), states.count("quarantined"), states.count("missing")
         unscored = [p for p, _ in ok if p not in mu_by_prompt and suite.by_id[p].eps_eligible]
         if unscored:
             raise RuntimeError(
                 f"model {model_id!r}: {len(unscored)} ok images have no HPSv3 score yet "
                 f"(e.g. {sorted(unscored)[:3]}); run `imagebench score --model {model_id}`"
             )
-    result = eps(mu_by_prompt, load_reference_mu(reference), suite.eligible_ids)
+    states = [state_by_prompt.get(p, "missing") for p in prompt_ids]
+    mu_ref = load_reference_mu(reference)
+    result = eps(mu_by_prompt, mu_ref, suite.eligible_ids)
+
+    decided = _latest_verdicts(settings, model_id, sha_by_prompt)
+    verdicts = stats.effective_verdicts(states, [decided[p]["verdict"] if p in decided else None for p in prompt_ids])
+    cap = stats.capability(verdicts)
+    contributions = stats.eps_contributions(mu_by_prompt, mu_ref, prompt_ids, suite.eligible_ids)
+    eligible_mask = [suite.by_id[p].eps_eligible for p in prompt_ids]
+    ci = stats.bootstrap_scores(
+        [model_id], [verdicts], [contributions], eligible_mask, n_resamples=settings.bootstrap_resamples, seed=0
+    )[model_id]
+
+    def finite(x: float) -> float | None:
+        return None if x is None or x != x else float(x)
+
+    capability = finite(cap.capability)
+    overall = None if capability is None else 0.5 * capability + 0.5 * result.eps
     uncalibrated = bool(scorer.uncalibrated) or any(scores["uncalibrated"].to_pylist())
     row = {
         "model_id": model_id,
@@ -352,11 +391,24 @@ def aggregate_model(
         "eps_prompts_scored": result.prompts_scored,
         "eps_prompts_eligible": result.prompts_eligible,
         "eps_prompts_lost": result.prompts_lost,
-        "images_ok": n_ok,
-        "images_quarantined": n_quarantined,
-        "images_missing": n_missing,
+        "images_ok": states.count("ok"),
+        "images_quarantined": states.count("quarantined"),
+        "images_missing": states.count("missing"),
         "complete": result.prompts_lost == 0,
         "uncalibrated": uncalibrated,
+        "eps_lo": finite(ci.eps[0]),
+        "eps_hi": finite(ci.eps[1]),
+        "capability": capability,
+        "capability_lo": finite(ci.capability[0]) if capability is not None else None,
+        "capability_hi": finite(ci.capability[1]) if capability is not None else None,
+        "verdicts_pass": cap.passed,
+        "verdicts_fail": cap.failed,
+        "verdicts_undecided": cap.undecided,
+        "judge_coverage": cap.coverage,
+        "overall": overall,
+        "overall_lo": finite(ci.overall[0]) if overall is not None else None,
+        "overall_hi": finite(ci.overall[1]) if overall is not None else None,
+        "provisional": cap.provisional,
         "source_fingerprint": fingerprint,
         "run_id": run_id,
         "scored_at": utcnow(),

@@ -76,6 +76,9 @@ def model_score(model: str, eps: float, *, ref="r1", scored_at=T0, run="run-1", 
         "eps_prompts_eligible": 3, "eps_prompts_lost": lost, "images_ok": 4 - lost, "images_quarantined": lost,
         "images_missing": 0, "complete": lost == 0, "uncalibrated": False, "source_fingerprint": SHA,
         "run_id": run, "scored_at": scored_at,
+        "eps_lo": eps - 1, "eps_hi": eps + 1, "capability": None, "capability_lo": None, "capability_hi": None,
+        "verdicts_pass": 0, "verdicts_fail": lost, "verdicts_undecided": 4 - lost, "judge_coverage": lost / 4,
+        "overall": None, "overall_lo": None, "overall_hi": None, "provisional": True,
     }
 
 
@@ -261,6 +264,19 @@ def test_leaderboard_latest_row_per_model_for_this_reference(catalog):
         assert c in cols
     got = [(r[cols.index("rank")], r[cols.index("model_id")], r[cols.index("eps")], r[cols.index("complete")]) for r in rows]
     assert got == [(1, "m1", 60.0, True), (2, "m2", 55.0, False)]
+
+
+def test_leaderboard_rank_bands_follow_interval_overlap(tmp_path):
+    """Arena-style bands: rank = 1 + models whose lower bound is above this upper bound."""
+    lake = Lake(tmp_path / "lake")
+    rows = {"a": (70.0, 65.0, 75.0), "b": (66.0, 61.0, 71.0), "c": (40.0, 38.0, 42.0)}
+    for m, (e, lo, hi) in rows.items():
+        r = model_score(m, e)
+        r.update(eps_lo=lo, eps_hi=hi)
+        lake.write_partition("model_scores", m, pa.Table.from_pylist([r], schema=MODEL_SCORES))
+    cat = refresh_catalog(tmp_path / "lake", tmp_path / "ib.duckdb", small_suite("test-v1"), "r1")
+    _, got = query(cat, "SELECT model_id, rank, rank_worst FROM leaderboard")
+    assert got == [("a", 1, 2), ("b", 1, 2), ("c", 3, 3)]
 
 
 def test_empty_lake_catalog_views_work_and_pick_up_new_partitions(tmp_path):

@@ -51,7 +51,10 @@ def model_score(model, **kw):
     row = dict(model_id=model, suite_version="v1", reference_version="v1", reference_sha256=SHA,
                scorer_name="hpsv3", scorer_id=SID, eps=51.5, eps_prompts_scored=164, eps_prompts_eligible=165,
                eps_prompts_lost=1, images_ok=191, images_quarantined=1, images_missing=0, complete=False,
-               uncalibrated=False, source_fingerprint=SHA, run_id="run-1", scored_at=NOW)
+               uncalibrated=False, source_fingerprint=SHA, run_id="run-1", scored_at=NOW,
+               eps_lo=48.0, eps_hi=55.0, capability=40.0, capability_lo=33.0, capability_hi=47.0,
+               verdicts_pass=76, verdicts_fail=114, verdicts_undecided=2, judge_coverage=190 / 192,
+               overall=45.75, overall_lo=41.0, overall_hi=50.5, provisional=True)
     row.update(kw)
     return row
 
