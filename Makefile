@@ -8,9 +8,27 @@ STAMP := $(VENV)/.installed-stamp
 export PREFECT_SERVER_ANALYTICS_ENABLED := false
 export GX_ANALYTICS_ENABLED := false
 
-.PHONY: setup demo test serve bench clean-demo
+.PHONY: setup system-deps demo test serve bench clean-demo
 
-setup: $(STAMP)
+# Debian packages the pipeline and its tests use: Tesseract (the offline OCR judge) and Chromium
+# with its driver (the report's browser tests). Installed when missing and we are root.
+SYSTEM_PACKAGES := tesseract-ocr chromium chromium-driver
+
+setup: system-deps $(STAMP)
+
+system-deps:
+	@missing=""; \
+	command -v tesseract >/dev/null || missing="$$missing tesseract-ocr"; \
+	command -v chromium >/dev/null || missing="$$missing chromium"; \
+	command -v chromedriver >/dev/null || missing="$$missing chromium-driver"; \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" = 0 ]; then \
+	    echo "installing Debian packages:$$missing"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
+	  else \
+	    echo "missing Debian packages:$$missing (sudo apt-get install$$missing)"; \
+	  fi; \
+	fi
 
 $(STAMP): requirements.lock pyproject.toml
 	$(PYTHON) -m venv $(VENV)

@@ -175,3 +175,129 @@ def import_scores_file(settings: Settings, suite: Suite, path: Path, scorer_name
     for model_id in summary.rows_per_model:
         summary.aggregated.append(work.aggregate_model(settings, suite, reference, model_id, run_id, None))
     return summary
+
+
+# ---------------------------------------------------------------------------------------------
+# import-verdicts
+# ---------------------------------------------------------------------------------------------
+
+VERDICT_REQUIRED = ("model_id", "prompt_id", "verdict", "judge")
+VERDICT_OPTIONAL = ("rationale",)
+IMPORTABLE_VERDICTS = ("PASS", "FAIL", "ERROR", "UNPARSABLE")
+
+
+def parse_verdicts(path: Path, suite: Suite) -> dict[str, list[dict]]:
+    """Validate every row of a verdicts file; collect all problems and fail once."""
+    from tasks.storage import InvalidModelId, validate_model_id
+
+    table = _read_any(path)
+    missing = [c for c in VERDICT_REQUIRED if c not in table.column_names]
+    if missing:
+        raise ScoresFileError(f"{path}: missing required column(s) {missing}; have {table.column_names}")
+    unknown_cols = [c for c in table.column_names if c not in VERDICT_REQUIRED + VERDICT_OPTIONAL]
+    if unknown_cols:
+        raise ScoresFileError(f"{path}: unknown column(s) {unknown_cols}; allowed {list(VERDICT_REQUIRED + VERDICT_OPTIONAL)}")
+    if table.num_rows == 0:
+        raise ScoresFileError(f"{path}: no rows")
+    cols = {c: table[c].to_pylist() for c in table.column_names}
+    problems: list[str] = []
+    seen: dict[tuple[str, str], int] = {}
+    by_model: dict[str, list[dict]] = {}
+    for i in range(table.num_rows):
+        row = i + 2 if path.suffix.lower() == ".csv" else i + 1
+        model_id = str(cols["model_id"][i] or "").strip()
+        prompt_id = str(cols["prompt_id"][i] or "").strip()
+        verdict = str(cols["verdict"][i] or "").strip().upper()
+        judge = str(cols["judge"][i] or "").strip()
+        try:
+            validate_model_id(model_id)
+        except InvalidModelId as exc:
+            problems.append(f"{path}: row {row}: {exc}")
+            continue
+        if prompt_id not in suite.by_id:
+            problems.append(f"{path}: row {row}: prompt_id {prompt_id!r} is not in suite {suite.version}")
+            continue
+        if verdict not in IMPORTABLE_VERDICTS:
+            problems.append(f"{path}: row {row}: verdict {cols['verdict'][i]!r} is not one of {list(IMPORTABLE_VERDICTS)}")
+            continue
+        if not SCORER_NAME_RE.match(judge):
+            problems.append(f"{path}: row {row}: judge {judge!r} is not a valid judge name")
+            continue
+        key = (model_id, prompt_id)
+        if key in seen:
+            problems.append(f"{path}: row {row}: duplicate of row {seen[key]} ({model_id}, {prompt_id})")
+            continue
+        seen[key] = row
+        rationale = cols["rationale"][i] if "rationale" in cols else None
+        by_model.setdefault(model_id, []).append(
+            {"prompt_id": prompt_id, "verdict": verdict, "judge": judge, "rationale": rationale or None}
+        )
+    if problems:
+        shown = "\n  ".join(problems[:20])
+        more = f"\n  ... and {len(problems) - 20} more" if len(problems) > 20 else ""
+        raise ScoresFileError(f"{path}: {len(problems)} invalid row(s), nothing imported:\n  {shown}{more}")
+    return by_model
+
+
+def import_verdicts_file(settings: Settings, suite: Suite, path: Path) -> ImportSummary:
+    """Record verdicts produced elsewhere (source "import"); they count for the model's current
+    images. Models already scored against the reference in force are re-aggregated."""
+    import hashlib
+    import json
+
+    from tasks import work
+    from tasks.lake import Lake
+    from tasks.reference import ReferenceError as RefError
+    from tasks.validation import require_valid
+
+    by_model = parse_verdicts(Path(path), suite)
+    now = work.utcnow()
+    lake = Lake(settings.lake_dir)
+    sampling = json.dumps({"source": "import"}, sort_keys=True)
+    tables: dict[str, pa.Table] = {}
+    for model_id, rows in sorted(by_model.items()):
+        records = []
+        for r in rows:
+            question = suite.by_id[r["prompt_id"]].question
+            q_sha = hashlib.sha256(question.encode()).hexdigest()
+            identity = hashlib.sha256(
+                json.dumps([model_id, r["prompt_id"], q_sha, r["judge"], "import"]).encode()
+            ).hexdigest()
+            records.append(
+                {
+                    "model_id": model_id, "prompt_id": r["prompt_id"], "suite_version": suite.version,
+                    "image_sha256": None, "question_sha256": q_sha, "verdict": r["verdict"],
+                    "reason": "imported" if r["verdict"] in ("ERROR", "UNPARSABLE") else None,
+                    "judge": r["judge"], "judge_model": r["judge"], "template_sha256": "import",
+                    "sampling": sampling, "identity": identity, "rationale": r["rationale"],
+                    "source": "import", "decided_at": now,
+                }
+            )
+        new = pa.Table.from_pylist(records, schema=lake_schemas.VERDICTS)
+        existing = lake.read("verdicts", [model_id])
+        replaced = {r["prompt_id"] for r in rows}
+        keep = existing.filter(
+            pa.array(
+                [not (src == "import" and p in replaced) for src, p in zip(existing["source"].to_pylist(), existing["prompt_id"].to_pylist())],
+                pa.bool_(),
+            )
+        )
+        tables[model_id] = pa.concat_tables([keep, new]).cast(lake_schemas.VERDICTS)
+        require_valid("verdicts", tables[model_id])  # all validated before any is written
+    for model_id, table in tables.items():
+        lake.write_partition("verdicts", model_id, table)
+    summary = ImportSummary(rows_per_model={m: len(r) for m, r in sorted(by_model.items())})
+    scored = set(lake.read("model_scores")["model_id"].to_pylist())
+    todo = [m for m in summary.rows_per_model if m in scored]
+    if not todo:
+        summary.note = "verdicts recorded; Capability follows when the models are scored (`imagebench score`)."
+        return summary
+    try:
+        reference = work.load_verified_reference(settings, suite, None)
+    except RefError as exc:
+        summary.note = f"verdicts recorded; Capability not recomputed: {exc}"
+        return summary
+    run_id = work.new_run_id()
+    for model_id in todo:
+        summary.aggregated.append(work.aggregate_model(settings, suite, reference, model_id, run_id, None))
+    return summary

@@ -316,6 +316,15 @@ def _latest_verdicts(settings: Settings, model_id: str, current_sha: dict[str, s
     return latest
 
 
+def _recorded_fingerprint(settings: Settings, model_id: str, suite_version: str, reference: ReferenceFile) -> str | None:
+    from tasks.lake import Lake
+
+    for r in Lake(settings.lake_dir).read("model_scores", [model_id]).to_pylist():
+        if (r["suite_version"], r["reference_version"], r["scorer_id"]) == (suite_version, reference.version, reference.scorer_id):
+            return r["source_fingerprint"]
+    return None
+
+
 def aggregate_model(
     settings: Settings,
     suite: Suite,
@@ -380,6 +389,9 @@ def aggregate_model(
     capability = finite(cap.capability)
     overall = None if capability is None else 0.5 * capability + 0.5 * result.eps
     uncalibrated = bool(scorer.uncalibrated) or any(scores["uncalibrated"].to_pylist())
+    if fingerprint is None:
+        # Re-aggregation (new verdicts): keep the listing fingerprint the images were scored from.
+        fingerprint = _recorded_fingerprint(settings, model_id, suite.version, reference)
     row = {
         "model_id": model_id,
         "suite_version": suite.version,
