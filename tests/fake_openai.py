@@ -1,0 +1,234 @@
+"""A small OpenAI-compatible chat-completions server for the judge tests (stdlib only).
+
+Runs a ``ThreadingHTTPServer`` on 127.0.0.1 (a free port) in a background thread. Each request
+to ``POST /v1/chat/completions`` is answered by ``responder(request) -> Reply``, which scripts the
+behaviour per request: a delay, an HTTP status (429 + Retry-After, 500...), a hang past the
+client's timeout, a malformed body, any answer text, another model name. ``GET /v1/models``
+lists the server's model. The server records every request (time, headers, JSON body) and the
+largest number of requests in flight at once.
+
+    with FakeOpenAI(model="fake-vlm", responder=lambda r: Reply(text="ok\\nVERDICT: PASS")) as srv:
+        srv.base_url  # http://127.0.0.1:PORT/v1
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+import time
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, Callable
+
+
+@dataclass
+class Reply:
+    text: str | None = "The image shows what the question asks for.\nVERDICT: PASS"
+    status: int = 200
+    delay_s: float = 0.0  # before answering
+    hang_s: float | None = None  # sleep this long, then drop the connection without answering
+    headers: dict[str, str] = field(default_factory=dict)
+    body: bytes | None = None  # raw body (e.g. malformed JSON); overrides text
+    model: str | None = None  # the "model" field of the answer (default: the server's model)
+    usage: dict[str, int] | None = field(default_factory=lambda: {"prompt_tokens": 321, "completion_tokens": 12})
+
+
+@dataclass
+class RecordedRequest:
+    t: float  # time.monotonic() at arrival
+    t_end: float | None
+    method: str
+    path: str
+    headers: dict[str, str]
+    body: Any  # parsed JSON (or None)
+
+    @property
+    def user_text(self) -> str:
+        """The text parts of the last user message."""
+        try:
+            content = self.body["messages"][-1]["content"]
+        except (KeyError, IndexError, TypeError):
+            return ""
+        if isinstance(content, str):
+            return content
+        return "\n".join(p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text")
+
+    @property
+    def generation_prompt(self) -> str:
+        m = re.search(r"<prompt>\s*(.*?)\s*</prompt>", self.user_text, re.S)
+        return m.group(1) if m else ""
+
+    @property
+    def image_url(self) -> str | None:
+        try:
+            for p in self.body["messages"][-1]["content"]:
+                if isinstance(p, dict) and p.get("type") == "image_url":
+                    return p["image_url"]["url"]
+        except (KeyError, TypeError):
+            pass
+        return None
+
+
+class FakeOpenAI:
+    def __init__(
+        self,
+        model: str = "fake-vlm",
+        responder: Callable[[RecordedRequest], Reply] | None = None,
+        api_key: str | None = None,
+    ) -> None:
+        self.model = model
+        self.responder = responder or (lambda req: Reply())
+        self.api_key = api_key
+        self.requests: list[RecordedRequest] = []
+        self.in_flight = 0
+        self.max_in_flight = 0
+        self._lock = threading.Lock()
+        self._closing = threading.Event()
+        self._server: ThreadingHTTPServer | None = None
+        self._thread: threading.Thread | None = None
+
+    # lifecycle -------------------------------------------------------------------------------
+    def start(self) -> "FakeOpenAI":
+        fake = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args: Any) -> None:  # quiet
+                pass
+
+            def _send(self, status: int, body: bytes, headers: dict[str, str] | None = None) -> None:
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                for k, v in (headers or {}).items():
+                    self.send_header(k, v)
+                self.end_headers()
+                self.wfile.write(body)
+
+            def _authorized(self) -> bool:
+                if fake.api_key is None:
+                    return True
+                return self.headers.get("Authorization") == f"Bearer {fake.api_key}"
+
+            def do_GET(self) -> None:  # noqa: N802
+                rec = fake._record(self, None)
+                try:
+                    if not self._authorized():
+                        self._send(401, b'{"error": {"message": "invalid api key"}}')
+                    elif self.path.rstrip("/").endswith("/models"):
+                        self._send(
+                            200,
+                            json.dumps({"object": "list", "data": [{"id": fake.model, "object": "model"}]}).encode(),
+                        )
+                    else:
+                        self._send(404, b'{"error": "not found"}')
+                finally:
+                    fake._done(rec)
+
+            def do_POST(self) -> None:  # noqa: N802
+                length = int(self.headers.get("Content-Length") or 0)
+                raw = self.rfile.read(length) if length else b""
+                try:
+                    body = json.loads(raw) if raw else None
+                except ValueError:
+                    body = None
+                rec = fake._record(self, body)
+                try:
+                    if not self.path.rstrip("/").endswith("/chat/completions"):
+                        self._send(404, b'{"error": "not found"}')
+                        return
+                    if not self._authorized():
+                        self._send(401, b'{"error": {"message": "invalid api key"}}')
+                        return
+                    reply = fake.responder(rec)
+                    if reply.hang_s is not None:
+                        fake._closing.wait(reply.hang_s)
+                        self.close_connection = True
+                        return
+                    if reply.delay_s:
+                        fake._closing.wait(reply.delay_s)
+                    if reply.body is not None:
+                        payload = reply.body
+                    elif reply.status != 200:
+                        payload = json.dumps({"error": {"message": f"scripted {reply.status}"}}).encode()
+                    else:
+                        answer: dict[str, Any] = {
+                            "id": f"chatcmpl-{len(fake.requests)}",
+                            "object": "chat.completion",
+                            "created": int(time.time()),
+                            "model": reply.model or (body or {}).get("model") or fake.model,
+                            "choices": [
+                                {
+                                    "index": 0,
+                                    "message": {"role": "assistant", "content": reply.text},
+                                    "finish_reason": "stop",
+                                }
+                            ],
+                        }
+                        if reply.usage is not None:
+                            answer["usage"] = dict(reply.usage, total_tokens=sum(reply.usage.values()))
+                        payload = json.dumps(answer).encode()
+                    self._send(reply.status, payload, reply.headers)
+                finally:
+                    fake._done(rec)
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server.daemon_threads = True
+        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._closing.set()
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    def __enter__(self) -> "FakeOpenAI":
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+    # bookkeeping -----------------------------------------------------------------------------
+    def _record(self, handler: BaseHTTPRequestHandler, body: Any) -> RecordedRequest:
+        rec = RecordedRequest(
+            time.monotonic(), None, handler.command, handler.path, dict(handler.headers.items()), body
+        )
+        with self._lock:
+            self.requests.append(rec)
+            self.in_flight += 1
+            self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        return rec
+
+    def _done(self, rec: RecordedRequest) -> None:
+        with self._lock:
+            self.in_flight -= 1
+            rec.t_end = time.monotonic()
+
+    @property
+    def port(self) -> int:
+        assert self._server is not None
+        return self._server.server_address[1]
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    @property
+    def completions(self) -> list[RecordedRequest]:
+        with self._lock:
+            return [r for r in self.requests if r.method == "POST"]
+
+
+def free_port() -> int:
+    """A port nothing listens on (for connection-refused tests)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
