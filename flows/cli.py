@@ -27,6 +27,8 @@ app = typer.Typer(
 )
 reference_app = typer.Typer(help="Build or verify the frozen EPS reference.", no_args_is_help=True)
 app.add_typer(reference_app, name="reference")
+judges_app = typer.Typer(help="Judges: check the configured endpoints.", no_args_is_help=True)
+app.add_typer(judges_app, name="judges")
 
 err = Console(stderr=True)
 UNCALIBRATED_BANNER = (
@@ -147,15 +149,16 @@ def score(
         Optional[str], typer.Option(help="aggregate scores imported under this scorer name instead of running HPSv3")
     ] = None,
     fmt: Annotated[OutputFormat, typer.Option("--format")] = OutputFormat.table,
+    rejudge: Annotated[bool, typer.Option("--rejudge", help="ask the judges again even where a verdict exists")] = False,
 ) -> None:
-    """Score one model now: ingest, HPSv3, EPS against the frozen reference."""
+    """Score one model now: ingest, HPSv3 and the routed judges side by side, EPS/Capability/Overall."""
     with _user_errors():
         settings = _settings()
         _prefect(settings)
         from flows.pipeline import score_model_flow
 
         with _progress():
-            row = score_model_flow(model, scorer_name=scorer)
+            row = score_model_flow(model, scorer_name=scorer, rejudge=rejudge)
         _print_rows([row], fmt, f"score {model}")
         _warn_uncalibrated(row["uncalibrated"], fmt)
 
@@ -164,24 +167,30 @@ def score(
 def backfill(
     model: Annotated[str, typer.Option("--model", "-m")],
     fmt: Annotated[OutputFormat, typer.Option("--format")] = OutputFormat.table,
+    rejudge: Annotated[bool, typer.Option("--rejudge")] = False,
 ) -> None:
     """Backfill one model on request (same as `score`)."""
-    score(model=model, scorer=None, fmt=fmt)
+    score(model=model, scorer=None, fmt=fmt, rejudge=rejudge)
 
 
 @app.command()
-def nightly(fmt: Annotated[OutputFormat, typer.Option("--format")] = OutputFormat.table) -> None:
-    """Score every model in the store not yet scored against the current suite, reference and scorer."""
+def nightly(
+    fmt: Annotated[OutputFormat, typer.Option("--format")] = OutputFormat.table,
+    rejudge: Annotated[bool, typer.Option("--rejudge", help="ask the judges again even where a verdict exists")] = False,
+) -> None:
+    """Score every model in the store not yet scored against the current suite, reference and
+    scorer; for unchanged models, request only verdicts still missing."""
     with _user_errors():
         settings = _settings()
         _prefect(settings)
         from flows.pipeline import nightly_flow
 
         with _progress():
-            summary = nightly_flow()
+            summary = nightly_flow(rejudge=rejudge)
         err.print(
             f"nightly: {summary['discovered']} models discovered, {len(summary['scored'])} scored, "
-            f"{len(summary['up_to_date'])} up to date, {len(summary['invalid'])} invalid"
+            f"{len(summary['up_to_date'])} up to date ({len(summary['rejudged'])} with new verdicts), "
+            f"{len(summary['invalid'])} invalid"
         )
         for model_id, detail in summary["invalid"].items():
             err.print(f"[red]invalid model folder {model_id!r}: {detail}[/]")
@@ -246,6 +255,107 @@ def import_scores(
         else:
             err.print(f"[yellow]{summary.note}[/]")
         work.refresh(settings, suite)
+
+
+@app.command("import-verdicts")
+def import_verdicts(
+    file: Annotated[Path, typer.Argument(help="CSV or Parquet: model_id,prompt_id,verdict,judge[,rationale]")],
+) -> None:
+    """Record PASS/FAIL verdicts produced elsewhere; Capability of scored models is recomputed."""
+    with _user_errors():
+        settings = _settings()
+        from tasks import work
+        from tasks.imports import import_verdicts_file
+
+        suite = work.load_pinned_suite(settings)
+        summary = import_verdicts_file(settings, suite, file)
+        rows = [{"model_id": m, "verdicts_imported": n} for m, n in summary.rows_per_model.items()]
+        _print_rows(rows, OutputFormat.table, "imported verdicts")
+        if summary.note:
+            err.print(f"[yellow]{summary.note}[/]")
+        work.refresh(settings, suite)
+
+
+AXES = ("overall", "capability", "eps")
+
+
+@app.command()
+def compare(
+    model_a: Annotated[str, typer.Argument(metavar="A")],
+    model_b: Annotated[str, typer.Argument(metavar="B")],
+    axis: Annotated[str, typer.Option(help="overall, capability or eps")] = "overall",
+    fmt: Annotated[OutputFormat, typer.Option("--format")] = OutputFormat.table,
+) -> None:
+    """Paired difference A - B with its 95% bootstrap interval and P(A beats B)."""
+    with _user_errors():
+        if axis not in AXES:
+            raise CliError(f"--axis {axis!r}: choose one of {', '.join(AXES)}")
+        settings = _settings()
+        from tasks import stats, work
+        from tasks.views import model_prompts, paired_vectors
+
+        suite = work.load_pinned_suite(settings)
+        reference = work.load_verified_reference(settings, suite, None)
+        values = {}
+        for m in (model_a, model_b):
+            views = model_prompts(settings, suite, reference, m)
+            if all(v.state == "missing" and v.mu is None for v in views):
+                raise CliError(f"model {m!r} has no results under reference {reference.version}")
+            values[m] = paired_vectors(views, suite, reference)
+        eligible = [p.eps_eligible for p in suite.prompts]
+        pick = {"capability": lambda v: v[0], "eps": lambda v: v[1], "overall": lambda v: v}[axis]
+        result = stats.compare(
+            pick(values[model_a]), pick(values[model_b]), axis=axis, eligible=eligible,
+            n_resamples=settings.bootstrap_resamples,
+        )
+        render(
+            ["a", "b", "axis", "difference", "ci_lo", "ci_hi", "p_a_beats_b", "n_resamples"],
+            [[model_a, model_b, axis, result.diff, result.ci[0], result.ci[1], result.p_a_beats_b, result.n_resamples]],
+            fmt,
+            title=f"{model_a} vs {model_b} ({axis}, paired over prompts)",
+        )
+
+
+@app.command()
+def report(
+    out: Annotated[Path, typer.Option("--out", help="output folder for the static site")] = Path("report"),
+) -> None:
+    """Write the static leaderboard site: sortable table, Capability-vs-EPS scatter, heatmaps, model pages."""
+    with _user_errors():
+        settings = _settings()
+        _catalog_or_exit(settings)
+        from tasks import work
+        from tasks.report import build_report
+        from tasks.report_adapter import report_data_from_lake
+
+        suite = work.load_pinned_suite(settings)
+        reference = work.load_verified_reference(settings, suite, None)
+        index = build_report(report_data_from_lake(settings, suite, reference), out)
+        err.print(f"[green]report written:[/] {index}  (open it, or `python -m http.server -d {out}`)")
+
+
+@judges_app.command("check")
+def judges_check(
+    load_weights: Annotated[bool, typer.Option(help="also load local transformers judges")] = False,
+    fmt: Annotated[OutputFormat, typer.Option("--format")] = OutputFormat.table,
+) -> None:
+    """Which configured judges answer, and with which model; and whether the routing is covered."""
+    with _user_errors():
+        settings = _settings()
+        from tasks import work
+        from tasks.judges import check_judges
+
+        setup = work.load_judge_setup(settings)
+        rows = check_judges(setup.judges_config, load_weights=load_weights)
+        columns = ["judge", "backend", "endpoint", "model", "reported_model", "ok", "latency_s", "detail"]
+        render(columns, [[r.get(c) for c in columns] for r in rows], fmt, title="judges")
+        routes = setup.routing.routes
+        for category, route in routes.items():
+            names = [route.preferred] + ([route.fallback] if route.fallback else [])
+            up = [n for n in names if any(r["judge"] == n and r["ok"] for r in rows)]
+            err.print(f"{category}: {' -> '.join(names)}: " + (f"[green]{up[0]} answers[/]" if up else "[yellow]not judged (no judge answers)[/]"))
+        if any(not r["ok"] for r in rows):
+            raise typer.Exit(1)
 
 
 @reference_app.command("build")

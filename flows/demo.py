@@ -56,17 +56,16 @@ def _configure(console: Console) -> None:
     console.print("[bold yellow]no real HPSv3 weights found: using UNCALIBRATED demo weights[/]")
 
 
-def _pin_demo_suite(settings, console: Console) -> None:
-    """The demo reference dir gets a copy of the committed suite, pinned like the real one."""
+def _pin_demo_definition(settings, console: Console) -> None:
+    """The demo reference dir gets copies of the committed suite and judge routing, pinned like
+    the real ones."""
     from tasks.reference import pin_suite
 
-    src = Path("reference") / settings.suite_path.name
-    if not src.exists():  # running from another folder: use the package checkout's copy
-        src = Path(__file__).resolve().parents[1] / "reference" / settings.suite_path.name
-    dst = settings.suite_path
-    if not dst.exists():
-        dst.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(src, dst)
+    for dst in (settings.suite_path, settings.routing_path):
+        src = Path(__file__).resolve().parents[1] / "reference" / dst.name
+        if not dst.exists():
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(src, dst)
         pin_suite(settings.reference_dir, dst)
 
 
@@ -79,7 +78,7 @@ def run_demo(console: Console) -> None:
     from tasks import work
     from tasks.demo import BASELINE_FIELD, CONTENDERS, seed_store
 
-    _pin_demo_suite(settings, console)
+    _pin_demo_definition(settings, console)
     suite = work.load_pinned_suite(settings)
     store = work.open_configured_store(settings)
     console.print(f"seeding demo models into {store.uri}")

@@ -42,6 +42,18 @@ def publish_hps_task(settings: Settings, suite: Suite, model_id: str, scorer_id:
     return work.publish_hps_scores(settings, suite, model_id, scorer_id, shards)
 
 
+@task(name="judge-batch", cache_policy=NO_CACHE)
+def judge_batch_task(
+    settings: Settings, setup: work.JudgeSetup, items: list, known: frozenset, rejudge: bool
+) -> Path | None:
+    return work.judge_batch(settings, setup, items, known, rejudge)
+
+
+@task(name="publish-judgements", cache_policy=NO_CACHE)
+def publish_judgements_task(settings: Settings, model_id: str, shards: list) -> int:
+    return work.publish_judgements(settings, model_id, shards)
+
+
 @task(name="aggregate", cache_policy=NO_CACHE)
 def aggregate_task(
     settings: Settings, suite: Suite, reference: ReferenceFile, model_id: str, run_id: str, fingerprint: str | None
@@ -68,14 +80,34 @@ def ensure_gpu_limit(limit: int) -> None:
         client.create_concurrency_limit(tag=GPU_TAG, concurrency_limit=limit)
 
 
+def _submit_judging(settings: Settings, suite: Suite, setup: work.JudgeSetup, model_id: str, rejudge: bool) -> list:
+    items, known = work.plan_judge_items(settings, suite, model_id, rejudge)
+    if items:
+        progress.advance(f"judge {model_id}", len(items), 0)
+    size = settings.judge_task_size
+    return [
+        judge_batch_task.submit(settings, setup, items[i : i + size], known, rejudge)
+        for i in range(0, len(items), size)
+    ]
+
+
 def _score_models(
-    settings: Settings, suite: Suite, reference: ReferenceFile, spec: work.ScorerSpec, model_ids: list[str]
+    settings: Settings,
+    suite: Suite,
+    reference: ReferenceFile,
+    spec: work.ScorerSpec,
+    model_ids: list[str],
+    setup: work.JudgeSetup | None = None,
+    rejudge: bool = False,
 ) -> list[dict]:
-    """Ingest all models concurrently; HPSv3 batches start as soon as a model is ingested."""
+    """Ingest all models concurrently; as soon as a model is ingested its HPSv3 batches (tagged
+    `gpu`) and its judge requests (HTTP / OCR) are submitted side by side, so neither waits on
+    the other."""
     logger = get_run_logger()
     run_id = _run_id()
     ingests = {m: ingest_task.submit(settings, suite, m) for m in model_ids}
     batches: dict[str, list] = {}
+    judging: dict[str, list] = {}
     summaries: dict[str, work.IngestSummary] = {}
     for model_id, fut in ingests.items():
         summaries[model_id] = summary = fut.result()
@@ -88,11 +120,27 @@ def _score_models(
         if plan:
             progress.advance(f"hpsv3 {model_id}", sum(len(b) for b in plan), 0)
         batches[model_id] = [hps_batch_task.submit(settings, suite, b, spec) for b in plan]
+        judging[model_id] = _submit_judging(settings, suite, setup, model_id, rejudge) if setup else []
     rows = []
     for model_id in model_ids:
         shards = [f.result() for f in batches[model_id]]
         publish_hps_task(settings, suite, model_id, reference.scorer_id, shards)
+        publish_judgements_task(settings, model_id, [f.result() for f in judging[model_id]])
         rows.append(aggregate_task(settings, suite, reference, model_id, run_id, summaries[model_id].fingerprint))
+    return rows
+
+
+def _judge_only(
+    settings: Settings, suite: Suite, reference: ReferenceFile, setup: work.JudgeSetup, model_ids: list[str], rejudge: bool
+) -> list[dict]:
+    """Models whose images are unchanged: only verdicts still missing are requested (a judge
+    configured since the last run, or an ERROR to retry); re-aggregated if anything changed."""
+    run_id = _run_id()
+    judging = {m: _submit_judging(settings, suite, setup, m, rejudge) for m in model_ids}
+    rows = []
+    for model_id, futures in judging.items():
+        if publish_judgements_task(settings, model_id, [f.result() for f in futures]):
+            rows.append(aggregate_task(settings, suite, reference, model_id, run_id, None))
     return rows
 
 
@@ -113,7 +161,7 @@ def _report(title: str, rows: list[dict], notes: list[str]) -> None:
 
 
 @flow(name="score-model", task_runner=ThreadPoolTaskRunner(max_workers=4), log_prints=True)
-def score_model_flow(model_id: str, scorer_name: str | None = None) -> dict:
+def score_model_flow(model_id: str, scorer_name: str | None = None, rejudge: bool = False) -> dict:
     """Score one model now: ingest, HPSv3, aggregate. Also the backfill path.
 
     With ``scorer_name`` (scores imported under that name) nothing is ingested or inferred: the
@@ -130,15 +178,16 @@ def score_model_flow(model_id: str, scorer_name: str | None = None) -> dict:
         identity = work.scorer_identity(spec)
         # Verify the frozen reference (and that it was built by this scorer) before any work.
         reference = work.load_verified_reference(settings, suite, identity.scorer_id)
+        setup = work.load_judge_setup(settings)
         ensure_gpu_limit(settings.gpu_concurrency)
-        row = _score_models(settings, suite, reference, spec, [model_id])[0]
+        row = _score_models(settings, suite, reference, spec, [model_id], setup, rejudge)[0]
     refresh_task(settings, suite)
     _report(f"score-model {model_id}", [row], [f"reference {reference.version}", f"scorer {reference.scorer_id}"])
     return row
 
 
 @flow(name="nightly", task_runner=ThreadPoolTaskRunner(max_workers=4), log_prints=True)
-def nightly_flow() -> dict:
+def nightly_flow(rejudge: bool = False) -> dict:
     """Score every model in the object store not yet scored against the current suite,
     reference and scorer (or whose objects changed since). Nothing else is recomputed."""
     logger = get_run_logger()
@@ -147,6 +196,7 @@ def nightly_flow() -> dict:
     spec = work.ScorerSpec.from_settings(settings)
     identity = work.scorer_identity(spec)
     reference = work.load_verified_reference(settings, suite, identity.scorer_id)
+    setup = work.load_judge_setup(settings)
     plans = work.discover_models(settings, suite, reference)
     todo = [p.model_id for p in plans if p.status in ("new", "changed")]
     for p in plans:
@@ -156,14 +206,17 @@ def nightly_flow() -> dict:
     rows: list[dict] = []
     if todo:
         ensure_gpu_limit(settings.gpu_concurrency)
-        rows = _score_models(settings, suite, reference, spec, todo)
+        rows = _score_models(settings, suite, reference, spec, todo, setup, rejudge)
+    up_to_date = [p.model_id for p in plans if p.status == "up_to_date"]
+    rejudged = _judge_only(settings, suite, reference, setup, up_to_date, rejudge) if up_to_date else []
     refresh_task(settings, suite)
     summary = {
         "discovered": len(plans),
         "scored": [r["model_id"] for r in rows],
+        "rejudged": [r["model_id"] for r in rejudged],
         "up_to_date": [p.model_id for p in plans if p.status == "up_to_date"],
         "invalid": {p.model_id: p.detail for p in plans if p.status == "invalid"},
-        "rows": rows,
+        "rows": rows + rejudged,
     }
     _report("nightly", rows, [f"{len(plans)} models discovered", f"{len(rows)} scored",
                               f"{len(summary['up_to_date'])} up to date", f"{len(summary['invalid'])} invalid"])

@@ -278,7 +278,7 @@ def import_verdicts_file(settings: Settings, suite: Suite, path: Path) -> Import
         replaced = {r["prompt_id"] for r in rows}
         keep = existing.filter(
             pa.array(
-                [not (src == "import" and p in replaced) for src, p in zip(existing["source"].to_pylist(), existing["prompt_id"].to_pylist())],
+                [p not in replaced for p in existing["prompt_id"].to_pylist()],
                 pa.bool_(),
             )
         )

@@ -129,7 +129,10 @@ def _context() -> Any:
     from great_expectations.data_context.types.base import ProgressBarsConfig
 
     # GE logs an INFO line per ephemeral docs site; keep run output to what the user asked for.
-    logging.getLogger("great_expectations").setLevel(logging.WARNING)
+    for name in ["great_expectations", *logging.root.manager.loggerDict]:
+        if name.startswith("great_expectations"):
+            logging.getLogger(name).setLevel(logging.WARNING)
+    logging.getLogger("great_expectations.data_context.types.base").setLevel(logging.WARNING)
     ctx = gx.get_context(mode="ephemeral")
     ctx.variables.progress_bars = ProgressBarsConfig(globally=False, metric_calculations=False)
     ctx.data_sources.add_pandas("imagebench")

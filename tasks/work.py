@@ -295,6 +295,108 @@ def publish_hps_scores(settings: Settings, suite: Suite, model_id: str, scorer_i
 
 
 # --------------------------------------------------------------------------------------------
+# Judges
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class JudgeSetup:
+    """The routing in force (pinned like the suite) and this deployment's endpoints."""
+
+    routing: object  # schemas.judges.Routing
+    judges_config: object  # schemas.judges.JudgesConfig
+
+
+def load_judge_setup(settings: Settings) -> JudgeSetup:
+    from tasks.judges import load_judges_config, load_routing
+    from tasks.reference import SuiteTampered, read_sha256sums
+
+    path = settings.routing_path
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: judge routing file not found (IMAGEBENCH_ROUTING_VERSION={settings.routing_version})")
+    pinned = read_sha256sums(settings.reference_dir).get(path.name)
+    actual = hashlib.sha256(path.read_bytes()).hexdigest()
+    if pinned != actual:
+        raise SuiteTampered(
+            f"{path}: sha256 {actual} does not match reference/SHA256SUMS ({pinned or 'not pinned'}); "
+            "the routing is part of the benchmark definition: a change is a new version in a new file"
+        )
+    config = load_judges_config(settings.judges_config)
+    return JudgeSetup(load_routing(path, config, str(settings.judges_config or "no judges config")), config)
+
+
+def plan_judge_items(settings: Settings, suite: Suite, model_id: str, rejudge: bool) -> tuple[list, frozenset[str]]:
+    """The model's ok images that have no settled verdict for their current bytes.
+
+    Imported verdicts stand until `--rejudge`; identities already in the lake are skipped by
+    the router (an ERROR is not settled: the next run asks again).
+    """
+    from tasks.judges import make_items, settled_identities
+    from tasks.lake import Lake
+
+    lake = Lake(settings.lake_dir)
+    images = lake.read("images", [model_id]).to_pylist()
+    verdicts = lake.read("verdicts", [model_id])
+    current = {r["prompt_id"]: r["image_sha256"] for r in images if r["state"] == "ok"}
+    imported = {
+        r["prompt_id"]
+        for r in verdicts.to_pylist()
+        if r["source"] == "import" and r["image_sha256"] in (None, current.get(r["prompt_id"]))
+    }
+    rows = [r for r in images if r["state"] == "ok" and (rejudge or r["prompt_id"] not in imported)]
+    items = make_items(suite, model_id, rows, image_root=settings.home.resolve())
+    known = frozenset() if rejudge else frozenset(settled_identities(verdicts))
+    return items, known
+
+
+def judge_batch(settings: Settings, setup: JudgeSetup, items: list, known: frozenset[str], rejudge: bool) -> Path | None:
+    """Ask the routed judges about one batch; write its calls + verdicts as a staging shard."""
+    from tasks.judges import judge_items
+
+    if not items:
+        return None
+    run = judge_items(
+        items, setup.routing, setup.judges_config, known_identities=known, rejudge=rejudge,
+        progress=lambda n: progress.advance(f"judge {items[0].model_id}", 0, n),
+    )
+    if run.calls.num_rows == 0 and run.verdicts.num_rows == 0:
+        return None
+    key = hashlib.sha256("\n".join(f"{i.prompt_id}\t{i.image_sha256}" for i in items).encode()).hexdigest()[:16]
+    base = settings.staging_dir / "judge" / items[0].model_id / f"{key}-{uuid.uuid4().hex[:8]}"
+    _write_parquet_atomic(run.calls, base.with_suffix(".calls.parquet"))
+    _write_parquet_atomic(run.verdicts, base.with_suffix(".verdicts.parquet"))
+    return base
+
+
+def publish_judgements(settings: Settings, model_id: str, shards: list[Path | None]) -> int:
+    """Append the run's calls to `judge_calls`; its verdicts replace the model's verdict for
+    those prompts in `verdicts` (one decided verdict per prompt). Both validated, atomic."""
+    from tasks.lake import Lake
+    from tasks.validation import require_valid
+
+    shards = [s for s in shards if s is not None]
+    if not shards:
+        return 0
+    lake = Lake(settings.lake_dir)
+    calls = [pq.read_table(s.with_suffix(".calls.parquet"), schema=lake_schemas.JUDGE_CALLS) for s in shards]
+    new = [pq.read_table(s.with_suffix(".verdicts.parquet"), schema=lake_schemas.VERDICTS) for s in shards]
+    new_verdicts = pa.concat_tables(new) if new else lake_schemas.VERDICTS.empty_table()
+    decided = set(new_verdicts["prompt_id"].to_pylist())
+    existing = lake.read("verdicts", [model_id])
+    keep = existing.filter(pa.array([p not in decided for p in existing["prompt_id"].to_pylist()], pa.bool_()))
+    verdicts = pa.concat_tables([keep, new_verdicts]).cast(lake_schemas.VERDICTS)
+    all_calls = pa.concat_tables([lake.read("judge_calls", [model_id]), *calls]).cast(lake_schemas.JUDGE_CALLS)
+    require_valid("verdicts", verdicts)
+    require_valid("judge_calls", all_calls)
+    lake.write_partition("judge_calls", model_id, all_calls)
+    lake.write_partition("verdicts", model_id, verdicts)
+    for s in shards:
+        s.with_suffix(".calls.parquet").unlink(missing_ok=True)
+        s.with_suffix(".verdicts.parquet").unlink(missing_ok=True)
+    return new_verdicts.num_rows
+
+
+# --------------------------------------------------------------------------------------------
 # Aggregate
 # --------------------------------------------------------------------------------------------
 

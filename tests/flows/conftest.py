@@ -17,6 +17,7 @@ os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
 
 REPO = Path(__file__).resolve().parents[2]
 SUITE_FILE = REPO / "reference" / "suite-imagebench-v1.jsonl"
+ROUTING_FILE = REPO / "reference" / "judges-routing-v1.yaml"
 
 
 @pytest.fixture(scope="session")
@@ -82,8 +83,9 @@ def workspace(tmp_path, monkeypatch, tiny_model) -> Path:
 
     home, refdir = tmp_path / "home", tmp_path / "reference"
     refdir.mkdir(parents=True)
-    shutil.copyfile(SUITE_FILE, refdir / SUITE_FILE.name)
-    pin_suite(refdir, refdir / SUITE_FILE.name)
+    for src in (SUITE_FILE, ROUTING_FILE):
+        shutil.copyfile(src, refdir / src.name)
+        pin_suite(refdir, refdir / src.name)
     base, ckpt = tiny_model
     for key, value in {
         "IMAGEBENCH_HOME": str(home),
@@ -98,6 +100,7 @@ def workspace(tmp_path, monkeypatch, tiny_model) -> Path:
         monkeypatch.setenv(key, value)
     monkeypatch.delenv("IMAGEBENCH_STORE", raising=False)
     monkeypatch.delenv("IMAGEBENCH_CONFIG", raising=False)
+    monkeypatch.delenv("IMAGEBENCH_JUDGES_CONFIG", raising=False)
     from tasks import work
 
     work.scorer_identity.cache_clear()
