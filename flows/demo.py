@@ -4,7 +4,9 @@
 2. Without real HPSv3 weights, writes a tiny randomly initialised HPSv3-architecture model
    (flagged uncalibrated in its checkpoint metadata, so every output says so).
 3. Builds a demo reference from the demo baseline field, in the workspace (never in ./reference).
-4. Runs the nightly flow on the store, then the CLI prints the leaderboard.
+4. Runs the nightly flow on the store (HPSv3 + the judges it can reach offline: Tesseract OCR
+   for the Text Rendering prompts; the rest is shown as not judged), writes the static report
+   to <home>/report, then the CLI prints the leaderboard.
 Running it again changes nothing: the reference exists and every model is up to date.
 """
 
@@ -100,6 +102,12 @@ def run_demo(console: Console) -> None:
         f"nightly: {summary['discovered']} models discovered, {len(summary['scored'])} scored, "
         f"{len(summary['up_to_date'])} already up to date"
     )
+    from tasks.report import build_report
+    from tasks.report_adapter import report_data_from_lake
+
+    reference = work.load_verified_reference(settings, suite, None)
+    index = build_report(report_data_from_lake(settings, suite, reference), settings.home / "report")
+    console.print(f"report: [bold]{index}[/] (sortable leaderboard, Capability-vs-EPS plot, heatmaps, model pages)")
     settings_file = _write_demo_settings(settings)
     console.print(
         f"to keep working in the demo workspace (its reference and model): "

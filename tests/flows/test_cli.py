@@ -157,6 +157,63 @@ def test_import_scores_reference_and_eps(prefect_harness, workspace, tmp_path, m
     assert load_settings().reference_path.read_bytes() == before
     assert invoke("reference", "verify").exit_code == 0
 
+    # Verdicts produced elsewhere: Capability follows; missing images count as FAIL.
+    vfile = tmp_path / "verdicts.csv"
+    vrows = [{"model_id": "cand", "prompt_id": p, "verdict": "PASS" if i < 10 else "FAIL", "judge": "lab-judge"}
+             for i, p in enumerate(half[:20])]
+    _scores_csv(vfile, vrows, ("model_id", "prompt_id", "verdict", "judge"))
+    r = invoke("import-verdicts", str(vfile))
+    assert r.exit_code == 0, r.output
+    data = {row["model_id"]: row for row in json.loads(invoke("leaderboard", "--format", "json").output)}
+    n_missing = 192 - len(half)
+    assert data["cand"]["capability"] == pytest.approx(100 * 10 / (20 + n_missing))
+    assert data["cand"]["overall"] == pytest.approx(0.5 * data["cand"]["capability"] + 0.5 * data["cand"]["eps"])
+    assert data["cand"]["provisional"] is True
+    bad = tmp_path / "bad-verdicts.csv"
+    _scores_csv(bad, [{"model_id": "cand", "prompt_id": half[0], "verdict": "MAYBE", "judge": "x"}],
+                ("model_id", "prompt_id", "verdict", "judge"))
+    before_lake = _lake_snapshot(workspace)
+    r = invoke("import-verdicts", str(bad))
+    assert r.exit_code == 1 and "MAYBE" in r.output
+    assert _lake_snapshot(workspace) == before_lake
+
+    # compare: paired difference with its interval; identical inputs give 0 and p = 0.5.
+    r = invoke("compare", "cand", "base-2", "--axis", "eps", "--format", "json")
+    assert r.exit_code == 0, r.output
+    (cmp,) = json.loads(r.output[r.output.index("["):])
+    assert cmp["difference"] == pytest.approx(data["cand"]["eps"] - data["base-2"]["eps"])
+    assert cmp["ci_lo"] <= cmp["difference"] <= cmp["ci_hi"]
+    same = json.loads(invoke("compare", "base-2", "base-2", "--format", "json").output)[0]
+    assert same["difference"] == 0 and same["p_a_beats_b"] == 0.5
+
+    # The static site builds from the lake.
+    out = tmp_path / "site"
+    r = invoke("report", "--out", str(out))
+    assert r.exit_code == 0, r.output
+    html = (out / "index.html").read_text()
+    assert "cand" in html and (out / "models").is_dir()
+
+
+def test_judges_check(workspace, tmp_path, monkeypatch):
+    from tests.fake_openai import FakeOpenAI
+
+    with FakeOpenAI(model="fake-qwen") as srv:
+        cfg = tmp_path / "judges.yaml"
+        cfg.write_text(json.dumps({"judges": {
+            "qwen3-vl": {"backend": "openai", "base_url": srv.base_url, "model": "fake-qwen"},
+            "gemma": {"backend": "openai", "base_url": "http://127.0.0.1:9/v1", "model": "gemma3", "max_retries": 0, "timeout_s": 2},
+        }}))
+        monkeypatch.setenv("IMAGEBENCH_JUDGES_CONFIG", str(cfg))
+        r = invoke("judges", "check", "--format", "json")
+    assert r.exit_code == 1  # gemma does not answer
+    rows = {x["judge"]: x for x in json.loads(r.output[r.output.index("["):r.output.rindex("]") + 1])}
+    assert rows["qwen3-vl"]["ok"] is True and rows["qwen3-vl"]["reported_model"] == "fake-qwen"
+    assert rows["gemma"]["ok"] is False
+    # A routing naming a judge the endpoints file lacks is an error naming it.
+    cfg.write_text(json.dumps({"judges": {"qwen3-vl": {"backend": "openai", "base_url": "http://127.0.0.1:9/v1", "model": "m"}}}))
+    r = invoke("judges", "check")
+    assert r.exit_code == 1 and "gemma" in r.output
+
 
 def test_hpsv3_adhoc_prints_rows_in_input_order(tmp_path, tiny_model):
     base, ckpt = tiny_model
