@@ -51,6 +51,32 @@ def _read_any(path: Path) -> pa.Table:
     return df.to_arrow()
 
 
+def _read_columns(path: Path, required: tuple[str, ...], optional: tuple[str, ...]) -> tuple[int, dict[str, list]]:
+    """(row count, column -> values) after checking the header: missing or unknown columns and an
+    empty file are errors naming the file."""
+    table = _read_any(path)
+    missing = [c for c in required if c not in table.column_names]
+    if missing:
+        raise ScoresFileError(f"{path}: missing required column(s) {missing}; have {table.column_names}")
+    unknown_cols = [c for c in table.column_names if c not in required + optional]
+    if unknown_cols:
+        raise ScoresFileError(f"{path}: unknown column(s) {unknown_cols}; allowed {list(required + optional)}")
+    if table.num_rows == 0:
+        raise ScoresFileError(f"{path}: no rows")
+    return table.num_rows, {c: table[c].to_pylist() for c in table.column_names}
+
+
+def _row_number(path: Path, index: int) -> int:
+    return index + 2 if path.suffix.lower() == ".csv" else index + 1  # CSV: the header is line 1
+
+
+def _raise_problems(path: Path, problems: list[str]) -> None:
+    if problems:
+        shown = "\n  ".join(problems[:20])
+        more = f"\n  ... and {len(problems) - 20} more" if len(problems) > 20 else ""
+        raise ScoresFileError(f"{path}: {len(problems)} invalid row(s), nothing imported:\n  {shown}{more}")
+
+
 def _float(value: object, path: Path, row: int, column: str, problems: list[str]) -> float | None:
     if value is None or (isinstance(value, str) and value.strip() == ""):
         return None
@@ -69,21 +95,12 @@ def parse_scores(path: Path, suite: Suite) -> dict[str, list[dict]]:
     """Validate every row; collect all problems and fail once with the full list."""
     from tasks.storage import InvalidModelId, validate_model_id
 
-    table = _read_any(path)
-    missing = [c for c in REQUIRED if c not in table.column_names]
-    if missing:
-        raise ScoresFileError(f"{path}: missing required column(s) {missing}; have {table.column_names}")
-    unknown_cols = [c for c in table.column_names if c not in REQUIRED + OPTIONAL]
-    if unknown_cols:
-        raise ScoresFileError(f"{path}: unknown column(s) {unknown_cols}; allowed {list(REQUIRED + OPTIONAL)}")
-    if table.num_rows == 0:
-        raise ScoresFileError(f"{path}: no rows")
+    n_rows, cols = _read_columns(path, REQUIRED, OPTIONAL)
     problems: list[str] = []
     seen: dict[tuple[str, str], int] = {}
     by_model: dict[str, list[dict]] = {}
-    cols = {c: table[c].to_pylist() for c in table.column_names}
-    for i in range(table.num_rows):
-        row = i + 2 if path.suffix.lower() == ".csv" else i + 1  # CSV: header is line 1
+    for i in range(n_rows):
+        row = _row_number(path, i)
         model_id = str(cols["model_id"][i] or "").strip()
         prompt_id = str(cols["prompt_id"][i] or "").strip()
         try:
@@ -113,10 +130,7 @@ def parse_scores(path: Path, suite: Suite) -> dict[str, list[dict]]:
         by_model.setdefault(model_id, []).append(
             {"prompt_id": prompt_id, "mu": mu, "sigma": sigma, "image_sha256": sha}
         )
-    if problems:
-        shown = "\n  ".join(problems[:20])
-        more = f"\n  ... and {len(problems) - 20} more" if len(problems) > 20 else ""
-        raise ScoresFileError(f"{path}: {len(problems)} invalid row(s), nothing imported:\n  {shown}{more}")
+    _raise_problems(path, problems)
     return by_model
 
 
@@ -190,21 +204,12 @@ def parse_verdicts(path: Path, suite: Suite) -> dict[str, list[dict]]:
     """Validate every row of a verdicts file; collect all problems and fail once."""
     from tasks.storage import InvalidModelId, validate_model_id
 
-    table = _read_any(path)
-    missing = [c for c in VERDICT_REQUIRED if c not in table.column_names]
-    if missing:
-        raise ScoresFileError(f"{path}: missing required column(s) {missing}; have {table.column_names}")
-    unknown_cols = [c for c in table.column_names if c not in VERDICT_REQUIRED + VERDICT_OPTIONAL]
-    if unknown_cols:
-        raise ScoresFileError(f"{path}: unknown column(s) {unknown_cols}; allowed {list(VERDICT_REQUIRED + VERDICT_OPTIONAL)}")
-    if table.num_rows == 0:
-        raise ScoresFileError(f"{path}: no rows")
-    cols = {c: table[c].to_pylist() for c in table.column_names}
+    n_rows, cols = _read_columns(path, VERDICT_REQUIRED, VERDICT_OPTIONAL)
     problems: list[str] = []
     seen: dict[tuple[str, str], int] = {}
     by_model: dict[str, list[dict]] = {}
-    for i in range(table.num_rows):
-        row = i + 2 if path.suffix.lower() == ".csv" else i + 1
+    for i in range(n_rows):
+        row = _row_number(path, i)
         model_id = str(cols["model_id"][i] or "").strip()
         prompt_id = str(cols["prompt_id"][i] or "").strip()
         verdict = str(cols["verdict"][i] or "").strip().upper()
@@ -232,10 +237,7 @@ def parse_verdicts(path: Path, suite: Suite) -> dict[str, list[dict]]:
         by_model.setdefault(model_id, []).append(
             {"prompt_id": prompt_id, "verdict": verdict, "judge": judge, "rationale": rationale or None}
         )
-    if problems:
-        shown = "\n  ".join(problems[:20])
-        more = f"\n  ... and {len(problems) - 20} more" if len(problems) > 20 else ""
-        raise ScoresFileError(f"{path}: {len(problems)} invalid row(s), nothing imported:\n  {shown}{more}")
+    _raise_problems(path, problems)
     return by_model
 
 
