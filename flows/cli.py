@@ -103,10 +103,19 @@ def _progress():
         hooks.set_reporter(None)
 
 
+# What a person compares in a terminal; --format csv/json carries every column.
+SCORE_TABLE_COLUMNS = (
+    "model_id", "overall", "capability", "eps", "judge_coverage", "eps_prompts_scored", "eps_prompts_eligible",
+    "images_quarantined", "images_missing", "complete", "provisional", "uncalibrated", "reference_version",
+)
+
+
 def _print_rows(rows: list[dict], fmt: OutputFormat, title: str) -> None:
     if not rows:
         return
     columns = list(rows[0])
+    if fmt is OutputFormat.table and set(SCORE_TABLE_COLUMNS) <= set(columns):
+        columns = list(SCORE_TABLE_COLUMNS)
     render(columns, [[r[c] for c in columns] for r in rows], fmt, title=title)
 
 

@@ -84,7 +84,7 @@ def run_demo(console: Console) -> None:
     suite = work.load_pinned_suite(settings)
     store = work.open_configured_store(settings)
     console.print(f"seeding demo models into {store.uri}")
-    written = seed_store(store, [p.prompt_id for p in suite.prompts], BASELINE_FIELD + CONTENDERS)
+    written = seed_store(store, [(p.prompt_id, p.prompt) for p in suite.prompts], BASELINE_FIELD + CONTENDERS)
     for model_id, n in written.items():
         console.print(f"  {model_id}: {n} objects written" if n else f"  {model_id}: already present")
 

@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from PIL import Image, ImageFilter
+from PIL import Image, ImageDraw, ImageFilter, ImageFont
 
 # Bundled with scikit-image, no download needed (checked offline).
 DEMO_PHOTOS = (
@@ -115,15 +115,58 @@ def source_image(photos: Sequence[Image.Image], index: int) -> Image.Image:
     return crop.transpose(Image.FLIP_LEFT_RIGHT) if rng.random() < 0.5 else crop
 
 
+FONT_PATHS = ("/usr/share/fonts/truetype/dejavu/DejaVuSans-Bold.ttf", "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf")
+
+
+def _font(size: int) -> ImageFont.ImageFont:
+    for path in FONT_PATHS:
+        try:
+            return ImageFont.truetype(path, size)
+        except OSError:
+            continue
+    return ImageFont.load_default(size=size)
+
+
+def with_text(img: Image.Image, strings: Sequence[str]) -> Image.Image:
+    """The prompt's exact strings printed on a white panel, one per line, so the offline OCR
+    judge has real text to read (and degraded models lose it, as blurry generators do)."""
+    if not strings:
+        return img
+    img = img.copy()
+    draw = ImageDraw.Draw(img)
+    font = _font(22)
+    lines: list[str] = []
+    for text in strings:  # wrap long strings on word boundaries
+        words, line = text.split(), ""
+        for w in words:
+            trial = f"{line} {w}".strip()
+            if draw.textlength(trial, font=font) > DEMO_SIDE - 24 and line:
+                lines.append(line)
+                line = w
+            else:
+                line = trial
+        lines.append(line)
+    height = 30 * len(lines) + 12
+    top = max(0, (DEMO_SIDE - height) // 2)
+    draw.rectangle((6, top, DEMO_SIDE - 6, top + height), fill=(255, 255, 255))
+    for i, line in enumerate(lines):
+        draw.text((14, top + 8 + 30 * i), line, fill=(0, 0, 0), font=font)
+    return img
+
+
 def _seed(model_id: str, prompt_id: str) -> int:
     return int.from_bytes(hashlib.sha256(f"{model_id}/{prompt_id}".encode()).digest()[:8], "little")
 
 
-def render_model(model: DemoModel, prompt_ids: Sequence[str], photos: Sequence[Image.Image]) -> dict[str, bytes]:
-    """Object key -> bytes for one demo model (deterministic)."""
+def render_model(
+    model: DemoModel, prompts: Sequence[tuple[str, str]], photos: Sequence[Image.Image]
+) -> dict[str, bytes]:
+    """Object key -> bytes for one demo model (deterministic). ``prompts``: (prompt id, text)."""
+    from tasks.judges.ocr import required_strings
+
     objects: dict[str, bytes] = {}
     corrupt_left = model.corrupt_prompts
-    for i, prompt_id in enumerate(prompt_ids):
+    for i, (prompt_id, text) in enumerate(prompts):
         if model.missing_every and i % model.missing_every == model.missing_every - 1:
             continue
         key = f"models/{model.model_id}/{prompt_id}"
@@ -142,7 +185,7 @@ def render_model(model: DemoModel, prompt_ids: Sequence[str], photos: Sequence[I
                 objects[key + ".jpg"] = buf.getvalue()
             continue
         rng = np.random.default_rng(_seed(model.model_id, prompt_id))
-        img = model.degrade(source_image(photos, i), rng)
+        img = model.degrade(with_text(source_image(photos, i), required_strings(text)), rng)
         objects[key + ".jpg"] = _encode(img, "JPEG")
     return objects
 
@@ -156,7 +199,7 @@ def _encode(img: Image.Image, fmt: str) -> bytes:
     return buf.getvalue()
 
 
-def seed_store(store, prompt_ids: Sequence[str], models: Sequence[DemoModel]) -> dict[str, int]:
+def seed_store(store, prompts: Sequence[tuple[str, str]], models: Sequence[DemoModel]) -> dict[str, int]:
     """Write the demo models' objects into ``store`` unless already there. Returns objects written."""
     photos = [load_photo(name) for name in DEMO_PHOTOS]
     written: dict[str, int] = {}
@@ -165,7 +208,7 @@ def seed_store(store, prompt_ids: Sequence[str], models: Sequence[DemoModel]) ->
         if model.model_id in existing:
             written[model.model_id] = 0
             continue
-        objects = render_model(model, prompt_ids, photos)
+        objects = render_model(model, prompts, photos)
         for key, data in objects.items():
             store.write(key, data)
         written[model.model_id] = len(objects)
