@@ -326,6 +326,34 @@ def compare(
 
 
 @app.command()
+def breakdown(
+    model: Annotated[str, typer.Option("--model", "-m")],
+    by: Annotated[str, typer.Option(help="category, subcategory, tag or difficulty")] = "category",
+    fmt: Annotated[OutputFormat, typer.Option("--format")] = OutputFormat.table,
+) -> None:
+    """Capability (PASS / decided) and EPS of one model per category, subcategory, tag or difficulty."""
+    with _user_errors():
+        if by not in ("category", "subcategory", "tag", "difficulty"):
+            raise CliError(f"--by {by!r}: choose category, subcategory, tag or difficulty")
+        settings = _settings()
+        from tasks import stats, work
+        from tasks.views import model_prompts, paired_vectors
+
+        suite = work.load_pinned_suite(settings)
+        reference = work.load_verified_reference(settings, suite, None)
+        verdicts, contributions = paired_vectors(model_prompts(settings, suite, reference, model), suite, reference)
+        groups = [getattr(p, by) for p in suite.prompts]
+        rows = []
+        for group, cap in stats.capability_breakdown(verdicts, groups).items():
+            idx = [i for i, g in enumerate(groups) if g == group and suite.prompts[i].eps_eligible]
+            eps = 100.0 * float(sum(contributions[i] for i in idx)) / len(idx) if idx else None
+            rows.append([group, None if cap.capability != cap.capability else cap.capability, cap.passed, cap.failed,
+                         cap.undecided, cap.coverage, eps, len(idx)])
+        render([by, "capability", "pass", "fail", "undecided", "coverage", "eps", "eps_prompts"], rows, fmt,
+               title=f"{model} by {by}")
+
+
+@app.command()
 def report(
     out: Annotated[Path, typer.Option("--out", help="output folder for the static site")] = Path("report"),
 ) -> None:

@@ -47,8 +47,8 @@ def model_prompts(settings: Settings, suite: Suite, reference: ReferenceFile, mo
     views = []
     for p in suite.prompts:
         img = images.get(p.prompt_id)
-        state = img["state"] if img else ("ok" if imported and p.prompt_id in mu else "missing")
         v = decided.get(p.prompt_id)
+        state = img["state"] if img else ("ok" if imported and (p.prompt_id in mu or v) else "missing")
         views.append(
             PromptView(
                 prompt_id=p.prompt_id,

@@ -451,9 +451,11 @@ def aggregate_model(
     prompt_ids = [p.prompt_id for p in suite.prompts]
     if scorer.source == "import":
         # Scores produced elsewhere: no images of ours to check them against.
+        # A prompt has an image there if the lab sent a score or a verdict for it.
         mu_by_prompt = dict(zip(scores["prompt_id"].to_pylist(), scores["mu"].to_pylist()))
-        state_by_prompt = {p: ("ok" if p in mu_by_prompt else "missing") for p in prompt_ids}
         sha_by_prompt: dict[str, str | None] = {p: None for p in prompt_ids}
+        judged = _latest_verdicts(settings, model_id, sha_by_prompt)
+        state_by_prompt = {p: ("ok" if p in mu_by_prompt or p in judged else "missing") for p in prompt_ids}
     else:
         images = Lake(settings.lake_dir).read("images", [model_id])
         if images.num_rows == 0:

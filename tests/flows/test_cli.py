@@ -239,3 +239,32 @@ def test_hpsv3_adhoc_prints_rows_in_input_order(tmp_path, tiny_model):
     pairs.write_text("image,prompt\nnope.png,hello\n")
     bad = invoke(*args)
     assert bad.exit_code == 1 and "nope.png" in bad.output and "pairs.csv:2" in bad.output
+
+
+def test_breakdown_by_difficulty(prefect_harness, workspace, tmp_path, monkeypatch):
+    """Capability per difficulty from imported scores and verdicts (missing images are FAIL)."""
+    from schemas.settings import load_settings
+    from tasks.suite import load_suite
+
+    suite = load_suite(load_settings().suite_path)
+    eligible = list(suite.eligible_ids)
+    rows = [{"model_id": m, "prompt_id": p, "mu": "0.5"} for m in ("b1", "b2") for p in eligible]
+    assert invoke("import-scores", str(_scores_csv(tmp_path / "s.csv", rows)), "--scorer", "lab-y").exit_code == 0
+    (tmp_path / "base.txt").write_text("b1\nb2\n")
+    monkeypatch.setenv("IMAGEBENCH_REFERENCE_VERSION", "lab-y-1")
+    assert invoke("reference", "build", "--version", "lab-y-1", "--baseline", str(tmp_path / "base.txt"), "--scorer", "lab-y").exit_code == 0
+    easy = [p.prompt_id for p in suite.prompts if p.difficulty == "easy"]
+    vrows = [{"model_id": "b1", "prompt_id": p, "verdict": "PASS", "judge": "j"} for p in easy]
+    assert invoke("import-verdicts", str(_scores_csv(tmp_path / "v.csv", vrows, ("model_id", "prompt_id", "verdict", "judge")))).exit_code == 0
+    assert invoke("score", "--model", "b1", "--scorer", "lab-y").exit_code == 0
+    r = invoke("breakdown", "--model", "b1", "--by", "difficulty", "--format", "json")
+    assert r.exit_code == 0, r.output
+    got = {x["difficulty"]: x for x in json.loads(r.output[r.output.index("["):])}
+    # Imported models: a prompt with a score or a verdict has an image; the rest are missing
+    # (FAIL). Every easy prompt has a PASS; hard prompts have mu but no verdict (undecided),
+    # except non-eligible hard prompts, which have neither (missing -> FAIL).
+    n_hard_missing = sum(1 for p in suite.prompts if p.difficulty == "hard" and not p.eps_eligible)
+    assert got["easy"]["pass"] == len(easy) and got["easy"]["fail"] == 0
+    assert got["hard"]["pass"] == 0 and got["hard"]["fail"] == n_hard_missing
+    assert got["hard"]["undecided"] == 64 - n_hard_missing
+    assert got["easy"]["eps"] == pytest.approx(50.0)
