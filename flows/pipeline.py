@@ -14,10 +14,10 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 from prefect.client.orchestration import get_client
 from prefect.context import get_run_context
-from prefect.task_runners import ThreadPoolTaskRunner
 
 from schemas.reference import ReferenceFile
 from schemas.settings import Settings, load_settings
+from flows import runners
 from tasks import progress, work
 from tasks.suite import Suite
 
@@ -67,6 +67,11 @@ def refresh_task(settings: Settings, suite: Suite) -> Path:
 
 
 # ---- helpers --------------------------------------------------------------------------------
+
+
+def _settings_for_run(suite_version: str | None = None, reference_version: str | None = None) -> Settings:
+    overrides = {k: v for k, v in (("suite_version", suite_version), ("reference_version", reference_version)) if v}
+    return load_settings(**overrides)
 
 
 def _run_id() -> str:
@@ -119,7 +124,8 @@ def _score_models(
         )
         if plan:
             progress.advance(f"hpsv3 {model_id}", sum(len(b) for b in plan), 0)
-        batches[model_id] = [hps_batch_task.submit(settings, suite, b, spec) for b in plan]
+        with runners.gpu_request():
+            batches[model_id] = [hps_batch_task.submit(settings, suite, b, spec) for b in plan]
         judging[model_id] = _submit_judging(settings, suite, setup, model_id, rejudge) if setup else []
     rows = []
     for model_id in model_ids:
@@ -160,14 +166,21 @@ def _report(title: str, rows: list[dict], notes: list[str]) -> None:
 # ---- flows ----------------------------------------------------------------------------------
 
 
-@flow(name="score-model", task_runner=ThreadPoolTaskRunner(max_workers=4), log_prints=True)
-def score_model_flow(model_id: str, scorer_name: str | None = None, rejudge: bool = False) -> dict:
-    """Score one model now: ingest, HPSv3, aggregate. Also the backfill path.
+@flow(name="score-model", task_runner=runners.task_runner(), log_prints=True)
+def score_model_flow(
+    model_id: str,
+    scorer_name: str | None = None,
+    rejudge: bool = False,
+    suite_version: str | None = None,
+    reference_version: str | None = None,
+) -> dict:
+    """Score one model now: ingest, HPSv3, judges, aggregate. Also the backfill deployment.
 
-    With ``scorer_name`` (scores imported under that name) nothing is ingested or inferred: the
+    ``suite_version`` / ``reference_version`` override the configured ones for this run. With
+    ``scorer_name`` (scores imported under that name) nothing is ingested or inferred: the
     model's imported scores are aggregated against the reference built for that scorer.
     """
-    settings = load_settings()
+    settings = _settings_for_run(suite_version, reference_version)
     suite = work.load_pinned_suite(settings)
     if scorer_name:
         identity = work.imported_identity(scorer_name)
@@ -186,7 +199,7 @@ def score_model_flow(model_id: str, scorer_name: str | None = None, rejudge: boo
     return row
 
 
-@flow(name="nightly", task_runner=ThreadPoolTaskRunner(max_workers=4), log_prints=True)
+@flow(name="nightly", task_runner=runners.task_runner(), log_prints=True)
 def nightly_flow(rejudge: bool = False) -> dict:
     """Score every model in the object store not yet scored against the current suite,
     reference and scorer (or whose objects changed since). Nothing else is recomputed."""
@@ -223,7 +236,7 @@ def nightly_flow(rejudge: bool = False) -> dict:
     return summary
 
 
-@flow(name="reference-build", task_runner=ThreadPoolTaskRunner(max_workers=4), log_prints=True)
+@flow(name="reference-build", task_runner=runners.task_runner(), log_prints=True)
 def reference_build_flow(version: str, baseline_models: list[str], scorer_name: str | None = None) -> str:
     """Build the frozen reference ``version`` from a baseline field, once.
 
@@ -253,7 +266,8 @@ def reference_build_flow(version: str, baseline_models: list[str], scorer_name: 
         for m, fut in ingests.items():
             fut.result()
             plan = work.plan_hps_batches(settings, suite, m, identity.scorer_id, settings.task_batch_size)
-            futures[m] = [hps_batch_task.submit(settings, suite, b, spec) for b in plan]
+            with runners.gpu_request():
+                futures[m] = [hps_batch_task.submit(settings, suite, b, spec) for b in plan]
         for m in baseline_models:
             publish_hps_task(settings, suite, m, identity.scorer_id, [f.result() for f in futures[m]])
     path = build_reference(

@@ -7,6 +7,7 @@ Values come from ``IMAGEBENCH_*`` environment variables, then from an optional Y
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Literal
 
@@ -19,6 +20,7 @@ DEFAULT_SUITE_VERSION = "imagebench-v1"
 # The reference a scoring run uses unless told otherwise. Build it once with real HPSv3 weights:
 # `imagebench reference build --version v1 --baseline baseline.txt` (see docs/REFERENCE.md).
 DEFAULT_REFERENCE_VERSION = "v1"
+VERSION_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 
 
 class Settings(BaseSettings):
@@ -47,6 +49,23 @@ class Settings(BaseSettings):
     judges_config: Path | None = None
     judge_task_size: int = Field(default=64, ge=1, description="images per Prefect judge task")
     bootstrap_resamples: int = Field(default=2000, ge=100)
+
+    # Operations. The task runner: "threads" (one process, the default) or "dask" (prefect-dask:
+    # a local multi-process cluster, or the scheduler at dask_address; HPSv3 tasks then request
+    # one "GPU" worker resource each, see docs/OPERATIONS.md).
+    task_runner: Literal["threads", "dask"] = "threads"
+    dask_address: str | None = None
+    dask_workers: int = Field(default=2, ge=1, description="local Dask cluster size when no address is given")
+    # A second run touching a model another run is scoring waits this long for it, then refuses.
+    model_lock_wait_s: float = Field(default=0.0, ge=0)
+
+    @field_validator("reference_version", "suite_version", "routing_version")
+    @classmethod
+    def _version_is_a_name(cls, v: str) -> str:
+        # Versions become file names (suite-<v>.jsonl, eps-reference-<v>.json) and SQL literals.
+        if not VERSION_RE.fullmatch(v):
+            raise ValueError(f"{v!r} is not a valid version name (letters, digits, '.', '_', '-'; at most 64)")
+        return v
 
     @field_validator("home", "reference_dir")
     @classmethod
