@@ -7,51 +7,67 @@ batches are tagged ``gpu`` so a tag concurrency limit (``IMAGEBENCH_GPU_CONCURRE
 
 from __future__ import annotations
 
+import json
+import time
+from contextlib import ExitStack
+from dataclasses import dataclass
 from pathlib import Path
 
+import pyarrow as pa
 from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 from prefect.client.orchestration import get_client
 from prefect.context import get_run_context
 
+from schemas import lake as lake_schemas
 from schemas.reference import ReferenceFile
 from schemas.settings import Settings, load_settings
 from flows import runners
 from tasks import progress, work
+from tasks.lake import LakeCorrupt
+from tasks.locks import ModelBusy, model_lock
+from tasks.redact import redact
+from tasks.runrecord import RunRecord
 from tasks.suite import Suite
 
 GPU_TAG = "gpu"
 
 
 # ---- thin task wrappers ---------------------------------------------------------------------
+# Each returns its result with the seconds it spent, measured where it ran (a Dask worker may be
+# another process), for the run record's per-stage timings.
+
+
+def _timed(fn, *args):
+    t0 = time.perf_counter()
+    value = fn(*args)
+    return value, time.perf_counter() - t0
 
 
 @task(name="ingest", cache_policy=NO_CACHE)
-def ingest_task(settings: Settings, suite: Suite, model_id: str) -> work.IngestSummary:
-    return work.ingest_and_publish(settings, suite, model_id)
+def ingest_task(settings: Settings, suite: Suite, model_id: str) -> tuple[work.IngestSummary, float]:
+    return _timed(work.ingest_and_stage, settings, suite, model_id)
 
 
 @task(name="hpsv3-batch", tags=[GPU_TAG], cache_policy=NO_CACHE)
-def hps_batch_task(settings: Settings, suite: Suite, batch: work.HpsBatch, spec: work.ScorerSpec) -> Path:
-    return work.score_hps_batch(settings, suite, batch, spec)
-
-
-@task(name="publish-hps-scores", cache_policy=NO_CACHE)
-def publish_hps_task(settings: Settings, suite: Suite, model_id: str, scorer_id: str, shards: list[Path]) -> int:
-    return work.publish_hps_scores(settings, suite, model_id, scorer_id, shards)
+def hps_batch_task(settings: Settings, suite: Suite, batch: work.HpsBatch, spec: work.ScorerSpec) -> tuple[Path, float]:
+    return _timed(work.score_hps_batch, settings, suite, batch, spec)
 
 
 @task(name="judge-batch", cache_policy=NO_CACHE)
 def judge_batch_task(
     settings: Settings, setup: work.JudgeSetup, items: list, known: frozenset, rejudge: bool
-) -> Path | None:
-    return work.judge_batch(settings, setup, items, known, rejudge)
+) -> tuple[Path | None, float]:
+    return _timed(work.judge_batch, settings, setup, items, known, rejudge)
 
 
-@task(name="publish-judgements", cache_policy=NO_CACHE)
-def publish_judgements_task(settings: Settings, model_id: str, shards: list) -> int:
-    return work.publish_judgements(settings, model_id, shards)
+@task(name="commit-model", cache_policy=NO_CACHE)
+def commit_task(
+    settings: Settings, suite: Suite, reference: ReferenceFile | None, model_id: str, scorer_id: str,
+    hps_shards: list[Path], judge_shards: list, run_id: str,
+) -> tuple[work.CommitResult, float]:
+    return _timed(work.commit_model, settings, suite, reference, model_id, scorer_id, hps_shards, judge_shards, run_id)
 
 
 @task(name="aggregate", cache_policy=NO_CACHE)
@@ -62,11 +78,16 @@ def aggregate_task(
 
 
 @task(name="refresh-catalog", cache_policy=NO_CACHE)
-def refresh_task(settings: Settings, suite: Suite) -> Path:
-    return work.refresh(settings, suite)
+def refresh_task(settings: Settings, suite: Suite) -> tuple[Path, float]:
+    return _timed(work.refresh, settings, suite)
 
 
-# ---- helpers --------------------------------------------------------------------------------
+# ---- one run --------------------------------------------------------------------------------
+
+
+class RunFailed(RuntimeError):
+    """Raised at the end of a run that committed what it could but had errors (the run record
+    and the artifact list them): the Prefect flow run ends Failed, so alerts fire."""
 
 
 def _settings_for_run(suite_version: str | None = None, reference_version: str | None = None) -> Settings:
@@ -85,82 +106,222 @@ def ensure_gpu_limit(limit: int) -> None:
         client.create_concurrency_limit(tag=GPU_TAG, concurrency_limit=limit)
 
 
-def _submit_judging(settings: Settings, suite: Suite, setup: work.JudgeSetup, model_id: str, rejudge: bool) -> list:
-    items, known = work.plan_judge_items(settings, suite, model_id, rejudge)
+@dataclass
+class Run:
+    """What every step of one flow run needs, and its run record."""
+
+    settings: Settings
+    suite: Suite
+    reference: ReferenceFile | None
+    record: RunRecord
+    spec: work.ScorerSpec | None = None
+    setup: work.JudgeSetup | None = None
+    rejudge: bool = False
+
+    @property
+    def run_id(self) -> str:
+        return self.record.run_id
+
+    def model_failed(self, model_id: str, exc: BaseException) -> None:
+        """Record one model's failure; the other models go on. A corrupt lake file is moved
+        aside (kept, never deleted) so the next run recomputes that model from its images."""
+        logger = get_run_logger()
+        message = redact(f"{type(exc).__name__}: {exc}")
+        logger.error("%s failed: %s", model_id, message)
+        self.record.error(model_id, message)
+        if isinstance(exc, LakeCorrupt):
+            set_aside_corrupt(self, [model_id], full=True)
+
+
+def _start_run(flow_name: str, settings: Settings, parameters: dict) -> RunRecord:
+    ctx = get_run_context()
+    flow_run = getattr(ctx, "flow_run", None)
+    return RunRecord(
+        run_id=_run_id(),
+        flow=flow_name,
+        suite_version=settings.suite_version,
+        reference_version=settings.reference_version,
+        parameters=parameters,
+        flow_run_id=str(flow_run.id) if flow_run else None,
+        deployment=str(flow_run.deployment_id) if flow_run and flow_run.deployment_id else None,
+    )
+
+
+def _finish_run(settings: Settings, record: RunRecord, error: BaseException | None = None) -> dict:
+    """Write the run record to the lake and as a markdown artifact, whatever happened. If the
+    lake cannot take it (disk full), the record still goes to the log and the artifact."""
+    logger = get_run_logger()
+    failed = error is not None or record.failed
+    message = redact(f"{type(error).__name__}: {error}") if error is not None else None
+    if message is None and record.failed:
+        message = f"{len(record.errors)} error(s), {len(record.corrupt_files)} corrupt lake file(s): see errors"
+    row = record.row("failed" if failed else "completed", message)
+    try:
+        from tasks.lake import Lake
+        from tasks.validation import require_valid
+
+        require_valid("runs", pa.Table.from_pylist([row], schema=lake_schemas.RUNS))
+        Lake(settings.lake_dir).write_run(row)
+    except Exception as exc:  # noqa: BLE001 - the record must not hide the run's own outcome
+        logger.error("could not write the run record to the lake: %s", redact(str(exc)))
+    markdown = record.markdown(row)
+    try:
+        create_markdown_artifact(markdown=markdown, key=f"imagebench-{record.flow}", description=f"{record.flow} run {record.run_id}")
+    except Exception as exc:  # noqa: BLE001
+        logger.error("could not create the run artifact: %s", redact(str(exc)))
+    logger.info("run %s %s: %s", record.run_id, row["status"], json.dumps(
+        {k: row[k] for k in ("models_new", "models_incremental", "models_replaced", "models_errored", "errors")}, default=str))
+    return row
+
+
+def set_aside_corrupt(run: Run, model_ids: list[str] | None = None, full: bool = False) -> None:
+    """Detect unreadable partition files, move each to <lake>/_corrupt/ (kept for inspection)
+    and record it: the affected models have no partition any more, so this run (or the next)
+    recomputes them from their images. Never a silent drop: each shows in the run record."""
+    from tasks.lake import Lake
+
+    lake = Lake(run.settings.lake_dir)
+    logger = get_run_logger()
+    for table, model_id, path, detail in lake.find_corrupt(model_ids, full=full):
+        dest = lake.set_aside(table, model_id, f"{detail} (run {run.run_id})")
+        note = f"{path} ({table}, model {model_id}): {detail} -> moved to {dest}"
+        logger.error("corrupt lake file: %s", note)
+        run.record.corrupt(note)
+
+
+def _submit_judging(run: Run, model_id: str) -> list:
+    if run.setup is None:
+        return []
+    items, known = work.plan_judge_items(run.settings, run.suite, model_id, run.rejudge)
     if items:
         progress.advance(f"judge {model_id}", len(items), 0)
-    size = settings.judge_task_size
-    return [
-        judge_batch_task.submit(settings, setup, items[i : i + size], known, rejudge)
+    size = run.settings.judge_task_size
+    futures = [
+        judge_batch_task.submit(run.settings, run.setup, items[i : i + size], known, run.rejudge)
         for i in range(0, len(items), size)
     ]
+    run.record.add(judge_items=len(items), prefect_tasks=len(futures))
+    return futures
 
 
-def _score_models(
-    settings: Settings,
-    suite: Suite,
-    reference: ReferenceFile,
-    spec: work.ScorerSpec,
-    model_ids: list[str],
-    setup: work.JudgeSetup | None = None,
-    rejudge: bool = False,
-) -> list[dict]:
-    """Ingest all models concurrently; as soon as a model is ingested its HPSv3 batches (tagged
-    `gpu`) and its judge requests (HTTP / OCR) are submitted side by side, so neither waits on
-    the other."""
-    logger = get_run_logger()
-    run_id = _run_id()
-    ingests = {m: ingest_task.submit(settings, suite, m) for m in model_ids}
-    batches: dict[str, list] = {}
-    judging: dict[str, list] = {}
-    summaries: dict[str, work.IngestSummary] = {}
-    for model_id, fut in ingests.items():
-        summaries[model_id] = summary = fut.result()
-        plan = work.plan_hps_batches(settings, suite, model_id, reference.scorer_id, settings.task_batch_size)
-        logger.info(
-            "%s: %d ok, %d quarantined, %d missing; %d images to score in %d batches",
-            model_id, summary.images_ok, summary.images_quarantined, summary.images_missing,
-            sum(len(b) for b in plan), len(plan),
-        )
-        if plan:
-            progress.advance(f"hpsv3 {model_id}", sum(len(b) for b in plan), 0)
-        with runners.gpu_request():
-            batches[model_id] = [hps_batch_task.submit(settings, suite, b, spec) for b in plan]
-        judging[model_id] = _submit_judging(settings, suite, setup, model_id, rejudge) if setup else []
-    rows = []
+def _lock_models(run: Run, stack: ExitStack, model_ids: list[str], refuse_busy: bool) -> list[str]:
+    """Take each model's lock; a busy model is skipped (nightly) or refused (backfill)."""
+    locked = []
     for model_id in model_ids:
-        shards = [f.result() for f in batches[model_id]]
-        publish_hps_task(settings, suite, model_id, reference.scorer_id, shards)
-        publish_judgements_task(settings, model_id, [f.result() for f in judging[model_id]])
-        rows.append(aggregate_task(settings, suite, reference, model_id, run_id, summaries[model_id].fingerprint))
-    return rows
-
-
-def _judge_only(
-    settings: Settings, suite: Suite, reference: ReferenceFile, setup: work.JudgeSetup, model_ids: list[str], rejudge: bool
-) -> list[dict]:
-    """Models whose images are unchanged: only verdicts still missing are requested (a judge
-    configured since the last run, or an ERROR to retry); re-aggregated if anything changed."""
-    run_id = _run_id()
-    judging = {m: _submit_judging(settings, suite, setup, m, rejudge) for m in model_ids}
-    rows = []
-    for model_id, futures in judging.items():
-        if publish_judgements_task(settings, model_id, [f.result() for f in futures]):
-            rows.append(aggregate_task(settings, suite, reference, model_id, run_id, None))
-    return rows
-
-
-def _report(title: str, rows: list[dict], notes: list[str]) -> None:
-    lines = [f"# {title}", ""]
-    lines += [f"- {n}" for n in notes]
-    if rows:
-        lines += ["", "| model | EPS | scored / eligible | lost | complete | uncalibrated |", "|---|---|---|---|---|---|"]
-        for r in rows:
-            lines.append(
-                f"| {r['model_id']} | {r['eps']:.2f} | {r['eps_prompts_scored']}/{r['eps_prompts_eligible']} "
-                f"| {r['eps_prompts_lost']} | {r['complete']} | {r['uncalibrated']} |"
+        try:
+            stack.enter_context(
+                model_lock(run.settings.home, model_id, run.run_id, wait_s=run.settings.model_lock_wait_s)
             )
-    create_markdown_artifact(markdown="\n".join(lines), key="imagebench-run", description=title)
+        except ModelBusy as exc:
+            if refuse_busy:
+                raise
+            get_run_logger().warning("skipping %s: %s", model_id, exc)
+            run.record.mark(model_id, "busy")
+            continue
+        locked.append(model_id)
+    return locked
+
+
+def _score_models(run: Run, model_ids: list[str], refuse_busy: bool = False) -> list[dict]:
+    """Ingest all models concurrently; as soon as a model is ingested its HPSv3 batches (tagged
+    `gpu`) and its judge requests are submitted side by side, so neither waits on the other.
+    Each model is committed on its own: one model's failure is recorded and the others go on."""
+    logger = get_run_logger()
+    settings, suite, record = run.settings, run.suite, run.record
+    scorer_id = run.reference.scorer_id
+    rows: list[dict] = []
+    with ExitStack() as locks:
+        model_ids = _lock_models(run, locks, model_ids, refuse_busy)
+        ingests = {m: ingest_task.submit(settings, suite, m) for m in model_ids}
+        record.add(prefect_tasks=len(ingests))
+        batches: dict[str, list] = {}
+        judging: dict[str, list] = {}
+        for model_id, fut in ingests.items():
+            try:
+                summary, seconds = fut.result()
+                record.timed("ingest", seconds)
+                record.add(images_ok=summary.images_ok, images_quarantined=summary.images_quarantined,
+                           images_missing=summary.images_missing)
+                disposition = work.classify(settings, suite, run.reference, model_id)
+                record.mark(model_id, disposition)
+                plan = work.plan_hps_batches(
+                    settings, suite, model_id, scorer_id, settings.task_batch_size, whole=disposition == "replaced"
+                )
+                resumed = sum(len(b) for b in plan if work.shard_exists(settings, b))
+                logger.info(
+                    "%s (%s): %d ok, %d quarantined, %d missing; %d images to score in %d batches (%d from an interrupted run)",
+                    model_id, disposition, summary.images_ok, summary.images_quarantined, summary.images_missing,
+                    sum(len(b) for b in plan), len(plan), resumed,
+                )
+                record.add(hps_images_scored=sum(len(b) for b in plan) - resumed, hps_images_resumed=resumed,
+                           prefect_tasks=len(plan))
+                if plan:
+                    progress.advance(f"hpsv3 {model_id}", sum(len(b) for b in plan), 0)
+                with runners.gpu_request():
+                    batches[model_id] = [hps_batch_task.submit(settings, suite, b, run.spec) for b in plan]
+                judging[model_id] = _submit_judging(run, model_id)
+            except Exception as exc:  # noqa: BLE001 - recorded; the other models go on
+                run.model_failed(model_id, exc)
+        for model_id in batches:
+            try:
+                hps = [f.result() for f in batches[model_id]]
+                judged = [f.result() for f in judging[model_id]]
+                record.timed("hpsv3", sum(s for _, s in hps))
+                record.timed("judge", sum(s for _, s in judged))
+                result, seconds = commit_task(
+                    settings, suite, run.reference, model_id, scorer_id,
+                    [p for p, _ in hps], [p for p, _ in judged], run.run_id,
+                )
+                record.timed("commit", seconds)
+                record.add(verdicts_decided=result.verdicts, prefect_tasks=1)
+                rows.append(result.row)
+            except Exception as exc:  # noqa: BLE001
+                run.model_failed(model_id, exc)
+    return rows
+
+
+def _judge_only(run: Run, model_ids: list[str]) -> list[dict]:
+    """Models whose images are unchanged: only verdicts still missing are requested (a judge
+    configured since the last run, or an ERROR to retry); re-committed if anything changed."""
+    rows = []
+    with ExitStack() as locks:
+        model_ids = _lock_models(run, locks, model_ids, refuse_busy=False)
+        judging = {}
+        for m in model_ids:
+            try:
+                judging[m] = _submit_judging(run, m)
+            except Exception as exc:  # noqa: BLE001
+                run.model_failed(m, exc)
+        for model_id, futures in judging.items():
+            try:
+                judged = [f.result() for f in futures]
+                run.record.timed("judge", sum(s for _, s in judged))
+                shards = [p for p, _ in judged if p is not None]
+                if shards:
+                    result, seconds = commit_task(
+                        run.settings, run.suite, run.reference, model_id, run.reference.scorer_id, [], shards, run.run_id
+                    )
+                    run.record.timed("commit", seconds)
+                    run.record.add(verdicts_decided=result.verdicts, prefect_tasks=1)
+                    if result.verdicts:
+                        rows.append(result.row)
+            except Exception as exc:  # noqa: BLE001
+                run.model_failed(model_id, exc)
+    return rows
+
+
+def _refresh(run: Run) -> None:
+    _, seconds = refresh_task(run.settings, run.suite)
+    run.record.timed("catalog", seconds)
+    run.record.add(prefect_tasks=1)
+
+
+def _end(run: Run) -> None:
+    """Write the record; a run with errors then fails (after committing everything else)."""
+    row = _finish_run(run.settings, run.record)
+    if row["status"] == "failed":
+        raise RunFailed(f"{run.record.flow} run {run.run_id} finished with errors: " + "; ".join(
+            (row["errors"] + row["corrupt_files"])[:5]))
 
 
 # ---- flows ----------------------------------------------------------------------------------
@@ -174,65 +335,102 @@ def score_model_flow(
     suite_version: str | None = None,
     reference_version: str | None = None,
 ) -> dict:
-    """Score one model now: ingest, HPSv3, judges, aggregate. Also the backfill deployment.
+    """Score one model now: ingest, HPSv3, judges, commit. Also the backfill deployment.
 
     ``suite_version`` / ``reference_version`` override the configured ones for this run. With
     ``scorer_name`` (scores imported under that name) nothing is ingested or inferred: the
     model's imported scores are aggregated against the reference built for that scorer.
+    A second run of the same model waits IMAGEBENCH_MODEL_LOCK_WAIT_S, then refuses.
     """
+    from tasks.storage import validate_model_id
+
+    validate_model_id(model_id)
     settings = _settings_for_run(suite_version, reference_version)
-    suite = work.load_pinned_suite(settings)
-    if scorer_name:
-        identity = work.imported_identity(scorer_name)
-        reference = work.load_verified_reference(settings, suite, identity.scorer_id)
-        row = aggregate_task(settings, suite, reference, model_id, _run_id(), None)
-    else:
-        spec = work.ScorerSpec.from_settings(settings)
-        identity = work.scorer_identity(spec)
-        # Verify the frozen reference (and that it was built by this scorer) before any work.
-        reference = work.load_verified_reference(settings, suite, identity.scorer_id)
-        setup = work.load_judge_setup(settings)
-        ensure_gpu_limit(settings.gpu_concurrency)
-        row = _score_models(settings, suite, reference, spec, [model_id], setup, rejudge)[0]
-    refresh_task(settings, suite)
-    _report(f"score-model {model_id}", [row], [f"reference {reference.version}", f"scorer {reference.scorer_id}"])
+    record = _start_run("score-model", settings, {
+        "model_id": model_id, "scorer_name": scorer_name, "rejudge": rejudge,
+        "suite_version": suite_version, "reference_version": reference_version,
+    })
+    try:
+        suite = work.load_pinned_suite(settings)
+        if scorer_name:
+            identity = work.imported_identity(scorer_name)
+            reference = work.load_verified_reference(settings, suite, identity.scorer_id)
+            record.scorer_id = identity.scorer_id
+            run = Run(settings, suite, reference, record)
+            with model_lock(settings.home, model_id, run.run_id, wait_s=settings.model_lock_wait_s):
+                row = aggregate_task(settings, suite, reference, model_id, run.run_id, None)
+            record.mark(model_id, "new")
+        else:
+            spec = work.ScorerSpec.from_settings(settings)
+            identity = work.scorer_identity(spec)
+            # Verify the frozen reference (and that it was built by this scorer) before any work.
+            reference = work.load_verified_reference(settings, suite, identity.scorer_id)
+            record.scorer_id = identity.scorer_id
+            run = Run(settings, suite, reference, record, spec, work.load_judge_setup(settings), rejudge)
+            ensure_gpu_limit(settings.gpu_concurrency)
+            set_aside_corrupt(run, [model_id])
+            rows = _score_models(run, [model_id], refuse_busy=True)
+            row = rows[0] if rows else None
+        _refresh(run)
+    except BaseException as exc:
+        _finish_run(settings, record, exc)
+        raise
+    _end(run)
     return row
 
 
 @flow(name="nightly", task_runner=runners.task_runner(), log_prints=True)
 def nightly_flow(rejudge: bool = False) -> dict:
-    """Score every model in the object store not yet scored against the current suite,
-    reference and scorer (or whose objects changed since). Nothing else is recomputed."""
+    """Score every model of the object store that has no complete result under the current
+    suite, reference and scorer for its current images (by content hash); new images of a known
+    model are scored incrementally, a model whose images changed is re-scored whole. Models that
+    are up to date only get verdicts still missing. One model's failure does not stop the others."""
     logger = get_run_logger()
     settings = load_settings()
-    suite = work.load_pinned_suite(settings)
-    spec = work.ScorerSpec.from_settings(settings)
-    identity = work.scorer_identity(spec)
-    reference = work.load_verified_reference(settings, suite, identity.scorer_id)
-    setup = work.load_judge_setup(settings)
-    plans = work.discover_models(settings, suite, reference)
-    todo = [p.model_id for p in plans if p.status in ("new", "changed")]
-    for p in plans:
-        if p.status == "invalid":
-            logger.error("skipping object-store folder %r: %s", p.model_id, p.detail)
-    logger.info("nightly: %d models in store, %d to score", len(plans), len(todo))
-    rows: list[dict] = []
-    if todo:
-        ensure_gpu_limit(settings.gpu_concurrency)
-        rows = _score_models(settings, suite, reference, spec, todo, setup, rejudge)
-    up_to_date = [p.model_id for p in plans if p.status == "up_to_date"]
-    rejudged = _judge_only(settings, suite, reference, setup, up_to_date, rejudge) if up_to_date else []
-    refresh_task(settings, suite)
+    record = _start_run("nightly", settings, {"rejudge": rejudge})
+    try:
+        suite = work.load_pinned_suite(settings)
+        spec = work.ScorerSpec.from_settings(settings)
+        identity = work.scorer_identity(spec)
+        reference = work.load_verified_reference(settings, suite, identity.scorer_id)
+        record.scorer_id = identity.scorer_id
+        run = Run(settings, suite, reference, record, spec, work.load_judge_setup(settings), rejudge)
+        set_aside_corrupt(run)  # before discovery: a model whose result file was corrupt is rescored
+        plans = work.discover_models(settings, suite, reference)
+        for p in plans:
+            if p.status == "invalid":
+                logger.error("skipping object-store folder %r: %s", p.model_id, p.detail)
+                record.mark(p.model_id, "invalid")
+            elif p.status == "up_to_date":
+                record.mark(p.model_id, "up_to_date")
+        todo = [p.model_id for p in plans if p.status == "candidate"]
+        logger.info("nightly: %d models in store, %d to ingest", len(plans), len(todo))
+        rows: list[dict] = []
+        if todo:
+            ensure_gpu_limit(settings.gpu_concurrency)
+            rows = _score_models(run, todo)
+        up_to_date = [p.model_id for p in plans if p.status == "up_to_date"]
+        rejudged = _judge_only(run, up_to_date) if up_to_date else []
+        _refresh(run)
+    except BaseException as exc:
+        _finish_run(settings, record, exc)
+        raise
     summary = {
+        "run_id": record.run_id,
         "discovered": len(plans),
-        "scored": [r["model_id"] for r in rows],
+        "scored": sorted({r["model_id"] for r in rows} & set(
+            record.models("new") + record.models("incremental") + record.models("replaced"))),
+        "unchanged": record.models("unchanged"),
         "rejudged": [r["model_id"] for r in rejudged],
-        "up_to_date": [p.model_id for p in plans if p.status == "up_to_date"],
+        "up_to_date": up_to_date,
         "invalid": {p.model_id: p.detail for p in plans if p.status == "invalid"},
+        "busy": record.models("busy"),
+        "errored": record.models("errored"),
+        "errors": list(record.errors),
+        "corrupt_files": list(record.corrupt_files),
         "rows": rows + rejudged,
     }
-    _report("nightly", rows, [f"{len(plans)} models discovered", f"{len(rows)} scored",
-                              f"{len(summary['up_to_date'])} up to date", f"{len(summary['invalid'])} invalid"])
+    _end(run)
     return summary
 
 
@@ -247,42 +445,59 @@ def reference_build_flow(version: str, baseline_models: list[str], scorer_name: 
     from tasks.storage import validate_model_id
 
     settings = load_settings()
-    suite = work.load_pinned_suite(settings)
     for m in baseline_models:
         validate_model_id(m)
-    target = settings.reference_dir / f"eps-reference-{version}.json"
-    if target.exists():
-        from tasks.reference import ReferenceExists
+    record = _start_run("reference-build", settings, {
+        "version": version, "baseline_models": baseline_models, "scorer_name": scorer_name})
+    try:
+        suite = work.load_pinned_suite(settings)
+        target = settings.reference_dir / f"eps-reference-{version}.json"
+        if target.exists():
+            from tasks.reference import ReferenceExists
 
-        raise ReferenceExists(f"{target} already exists: references are immutable, choose a new version")
-    if scorer_name:
-        identity = work.imported_identity(scorer_name)
-    else:
-        spec = work.ScorerSpec.from_settings(settings)
-        identity = work.scorer_identity(spec)
-        ensure_gpu_limit(settings.gpu_concurrency)
-        ingests = {m: ingest_task.submit(settings, suite, m) for m in baseline_models}
-        futures = {}
-        for m, fut in ingests.items():
-            fut.result()
-            plan = work.plan_hps_batches(settings, suite, m, identity.scorer_id, settings.task_batch_size)
-            with runners.gpu_request():
-                futures[m] = [hps_batch_task.submit(settings, suite, b, spec) for b in plan]
-        for m in baseline_models:
-            publish_hps_task(settings, suite, m, identity.scorer_id, [f.result() for f in futures[m]])
-    path = build_reference(
-        version=version,
-        baseline_models=baseline_models,
-        scores=work.current_scores(settings, baseline_models, identity),
-        suite=suite,
-        scorer=identity,
-        reference_dir=settings.reference_dir,
-        created_at=work.utcnow().isoformat(),
-    )
-    refresh_task(settings, suite)
+            raise ReferenceExists(f"{target} already exists: references are immutable, choose a new version")
+        run = Run(settings, suite, None, record)
+        if scorer_name:
+            identity = work.imported_identity(scorer_name)
+        else:
+            spec = work.ScorerSpec.from_settings(settings)
+            identity = work.scorer_identity(spec)
+            ensure_gpu_limit(settings.gpu_concurrency)
+            with ExitStack() as locks:
+                _lock_models(run, locks, baseline_models, refuse_busy=True)
+                ingests = {m: ingest_task.submit(settings, suite, m) for m in baseline_models}
+                futures = {}
+                for m, fut in ingests.items():
+                    _, seconds = fut.result()
+                    record.timed("ingest", seconds)
+                    record.mark(m, "new")
+                    plan = work.plan_hps_batches(settings, suite, m, identity.scorer_id, settings.task_batch_size)
+                    record.add(hps_images_scored=sum(len(b) for b in plan), prefect_tasks=1 + len(plan))
+                    with runners.gpu_request():
+                        futures[m] = [hps_batch_task.submit(settings, suite, b, spec) for b in plan]
+                for m in baseline_models:
+                    hps = [f.result() for f in futures[m]]
+                    record.timed("hpsv3", sum(sec for _, sec in hps))
+                    _, seconds = commit_task(settings, suite, None, m, identity.scorer_id, [p for p, _ in hps], [], record.run_id)
+                    record.timed("commit", seconds)
+        record.scorer_id = identity.scorer_id
+        path = build_reference(
+            version=version,
+            baseline_models=baseline_models,
+            scores=work.current_scores(settings, baseline_models, identity),
+            suite=suite,
+            scorer=identity,
+            reference_dir=settings.reference_dir,
+            created_at=work.utcnow().isoformat(),
+        )
+        _refresh(run)
+    except BaseException as exc:
+        _finish_run(settings, record, exc)
+        raise
     create_markdown_artifact(
         markdown=f"# reference {version}\n\n- file `{path}`\n- scorer `{identity.scorer_id}`\n"
         f"- baseline: {', '.join(baseline_models)}",
         key="imagebench-reference",
     )
+    _end(run)
     return str(path)

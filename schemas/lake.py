@@ -174,3 +174,57 @@ TABLES: dict[str, pa.Schema] = {
     "judge_calls": JUDGE_CALLS,
     "verdicts": VERDICTS,
 }
+
+# ---- run records ------------------------------------------------------------------------------
+# One row per flow run (nightly, score-model/backfill, reference-build), partitioned by run:
+# ``<lake>/runs/run_id=<run_id>/data.parquet``. Stage seconds are busy time summed over that
+# stage's tasks (stages overlap: HPSv3 and judges run side by side), total_s is wall time.
+
+RUN_STATUSES = ("completed", "failed")
+
+# Discovery outcome of each model in a run (see docs/OPERATIONS.md, "What nightly scores").
+MODEL_DISPOSITIONS = (
+    "new",          # no complete result under the current suite, reference and scorer
+    "incremental",  # images added since its result: only those are scored
+    "replaced",     # an image changed or disappeared: re-scored whole, old results replaced
+    "unchanged",    # objects re-listed differently but same content hashes: nothing to score
+    "up_to_date",   # listing unchanged since its complete result: not even downloaded
+    "invalid",      # object-store folder name is not a valid model id: skipped, reported
+    "busy",         # another run holds the model's lock: skipped (nightly) or refused
+    "errored",      # the model's work failed (message in `errors`); other models unaffected
+)
+
+STAGES = ("ingest", "hpsv3", "judge", "commit", "catalog")
+
+RUNS = pa.schema(
+    [
+        pa.field("run_id", pa.string(), nullable=False),
+        pa.field("flow", pa.string(), nullable=False),
+        pa.field("flow_run_id", pa.string()),
+        pa.field("deployment", pa.string()),
+        pa.field("parameters_json", pa.string(), nullable=False),
+        pa.field("suite_version", pa.string(), nullable=False),
+        pa.field("reference_version", pa.string(), nullable=False),
+        pa.field("scorer_id", pa.string()),
+        pa.field("status", pa.string(), nullable=False),
+        pa.field("error", pa.string()),
+        pa.field("started_at", TS, nullable=False),
+        pa.field("finished_at", TS, nullable=False),
+        pa.field("total_s", pa.float64(), nullable=False),
+        pa.field("models_discovered", pa.int32(), nullable=False),
+        *[pa.field(f"models_{d}", pa.list_(pa.string()), nullable=False) for d in MODEL_DISPOSITIONS],
+        pa.field("errors", pa.list_(pa.string()), nullable=False),
+        pa.field("corrupt_files", pa.list_(pa.string()), nullable=False),
+        pa.field("images_ok", pa.int32(), nullable=False),
+        pa.field("images_quarantined", pa.int32(), nullable=False),
+        pa.field("images_missing", pa.int32(), nullable=False),
+        pa.field("hps_images_scored", pa.int32(), nullable=False),
+        pa.field("hps_images_resumed", pa.int32(), nullable=False),  # from shards of a killed run
+        pa.field("judge_items", pa.int32(), nullable=False),
+        pa.field("verdicts_decided", pa.int32(), nullable=False),
+        pa.field("prefect_tasks", pa.int32(), nullable=False),
+        *[pa.field(f"{s}_s", pa.float64(), nullable=False) for s in STAGES],
+    ]
+)
+
+RUN_TABLES: dict[str, pa.Schema] = {"runs": RUNS}

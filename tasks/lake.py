@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import re
 import uuid
 from collections.abc import Iterator, Sequence
 from datetime import datetime, timezone
@@ -30,7 +31,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from schemas.lake import TABLES
+from schemas.lake import RUN_TABLES, RUNS, TABLES
 from tasks.storage import validate_model_id  # one rule for model ids: ^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$, no '..'
 
 if TYPE_CHECKING:
@@ -95,9 +96,14 @@ class QueryError(LakeError):
 
 def _schema_of(table: str) -> pa.Schema:
     try:
-        return TABLES[table]
+        return TABLES[table] if table in TABLES else RUN_TABLES[table]
     except KeyError:
-        raise ValueError(f"unknown lake table {table!r}; tables: {sorted(TABLES)}") from None
+        raise ValueError(f"unknown lake table {table!r}; tables: {sorted(TABLES) + sorted(RUN_TABLES)}") from None
+
+
+RUN_PARTITION_PREFIX = "run_id="
+CORRUPT_DIR = "_corrupt"  # <lake>/_corrupt/<table>/model_id=<id>/<stamp>.parquet: moved aside, never deleted
+_RUN_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
 
 def _fsync_dir(path: Path) -> None:
@@ -307,6 +313,60 @@ class Lake:
             return schema.empty_table()
         return pa.concat_tables(parts)
 
+    # run records --------------------------------------------------------------------------
+    def write_run(self, row: dict[str, Any]) -> Path:
+        """Write one run record (``runs`` table), atomically, under ``run_id=<run_id>/``."""
+        run_id = str(row.get("run_id", ""))
+        if not _RUN_ID_RE.fullmatch(run_id) or ".." in run_id:
+            raise ValueError(f"invalid run id {run_id!r}")
+        data = conform("runs", pa.Table.from_pylist([row], schema=RUNS))
+        self.ensure_schema_file("runs")
+        path = self.table_dir("runs") / f"{RUN_PARTITION_PREFIX}{run_id}" / DATA_FILE
+        _atomic_write_parquet(data, path)
+        return path
+
+    def read_runs(self) -> pa.Table:
+        tdir = self.table_dir("runs")
+        entries = sorted(tdir.iterdir()) if tdir.is_dir() else []
+        parts = [
+            self._read_file("runs", e / DATA_FILE)
+            for e in entries
+            if e.name.startswith(RUN_PARTITION_PREFIX) and (e / DATA_FILE).is_file()
+        ]
+        return pa.concat_tables(parts) if parts else RUNS.empty_table()
+
+    # corruption ---------------------------------------------------------------------------
+    def find_corrupt(self, model_ids: Sequence[str] | None = None, full: bool = False) -> list[tuple[str, str, Path, str]]:
+        """Partition files that cannot be read: ``(table, model_id, path, error)`` for each.
+        Footers only by default (cheap, every night); ``full`` decodes every row too."""
+        bad = []
+        for table in TABLES:
+            for m in self.models(table) if model_ids is None else model_ids:
+                path = self.partition_path(table, m)
+                if not path.is_file():
+                    continue
+                try:
+                    if full:
+                        self._read_file(table, path)
+                    else:
+                        pq.read_metadata(path)
+                except (LakeCorrupt, pa.ArrowException, OSError) as exc:
+                    bad.append((table, m, path, str(exc)))
+        return bad
+
+    def set_aside(self, table: str, model_id: str, reason: str) -> Path:
+        """Move a (corrupt) partition file out of the tables into ``<lake>/_corrupt/``, with a note
+        saying why: readers and views no longer see it, and nothing is deleted."""
+        src = self.partition_path(table, model_id)
+        stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S%fZ")
+        dest = self.root / CORRUPT_DIR / table / f"{PARTITION_PREFIX}{model_id}" / f"{stamp}.parquet"
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        with self._locked(table, model_id):
+            os.replace(src, dest)
+        dest.with_suffix(".reason.txt").write_text(reason + "\n")
+        _fsync_dir(src.parent)
+        return dest
+
     def check_files(self) -> int:
         """Read the footer of every partition file of every table: raises :class:`LakeCorrupt` on
         the first unreadable one. Returns the number of files checked."""
@@ -336,7 +396,7 @@ def _ident(name: str) -> str:
 
 
 def _table_view_sql(lake_root: Path, table: str) -> str:
-    cols = ", ".join(_ident(n) for n in TABLES[table].names)
+    cols = ", ".join(_ident(n) for n in _schema_of(table).names)
     pattern = str(lake_root / table / "*" / DATA_FILE)
     return (
         f"CREATE VIEW {_ident(table)} AS SELECT {cols} FROM read_parquet({_sql_str(pattern)}, "
@@ -426,7 +486,7 @@ def refresh_catalog(
     catalog = Path(catalog_path).resolve()
     catalog.parent.mkdir(parents=True, exist_ok=True)
     lake.root.mkdir(parents=True, exist_ok=True)
-    for table in TABLES:
+    for table in (*TABLES, *RUN_TABLES):
         lake.ensure_schema_file(table)
     lake.check_files()
 
@@ -435,7 +495,7 @@ def refresh_catalog(
     try:
         con = duckdb.connect(str(tmp))
         try:
-            for table in TABLES:
+            for table in (*TABLES, *RUN_TABLES):
                 con.execute(_table_view_sql(lake.root, table))
             rows = suite.rows()
             prompts = pa.Table.from_pylist(

@@ -115,10 +115,19 @@ def open_configured_store(settings: Settings):
     return open_store(settings.store_uri, endpoint=settings.s3_endpoint, region=settings.s3_region)
 
 
-def ingest_and_publish(settings: Settings, suite: Suite, model_id: str) -> IngestSummary:
-    """Validate every object of one model, then publish its `images` and `quarantine` partitions."""
+def _staged_dir(settings: Settings, model_id: str) -> Path:
+    from tasks.storage import validate_model_id
+
+    return settings.staging_dir / "ingest" / validate_model_id(model_id)
+
+
+def ingest_and_stage(settings: Settings, suite: Suite, model_id: str) -> IngestSummary:
+    """Validate every object of one model into staged `images` / `quarantine` tables.
+
+    Nothing reaches the lake here: the model's new image set is committed together with its
+    scores by :func:`commit_model`, so readers never see new images next to old results.
+    """
     from tasks.ingest import ingest_model
-    from tasks.lake import Lake
     from tasks.storage import validate_model_id
     from tasks.validation import require_valid
 
@@ -133,9 +142,9 @@ def ingest_and_publish(settings: Settings, suite: Suite, model_id: str) -> Inges
     )
     require_valid("images", result.images)
     require_valid("quarantine", result.quarantine)
-    lake = Lake(settings.lake_dir)
-    lake.write_partition("images", model_id, result.images)
-    lake.write_partition("quarantine", model_id, result.quarantine)
+    staged = _staged_dir(settings, model_id)
+    _write_parquet_atomic(result.quarantine, staged / "quarantine.parquet")
+    _write_parquet_atomic(result.images, staged / "images.parquet")  # last: its presence marks a complete stage
     states = result.images.column("state").to_pylist()
     return IngestSummary(
         model_id=model_id,
@@ -145,6 +154,56 @@ def ingest_and_publish(settings: Settings, suite: Suite, model_id: str) -> Inges
         images_missing=states.count("missing"),
         objects_quarantined=result.quarantine.num_rows,
     )
+
+
+def commit_staged_images(settings: Settings, model_id: str) -> bool:
+    """Publish a staged ingest (`images` + `quarantine`) to the lake; False when none is staged."""
+    from tasks.lake import Lake
+
+    staged = _staged_dir(settings, model_id)
+    if not (staged / "images.parquet").is_file():
+        return False
+    lake = Lake(settings.lake_dir)
+    lake.write_partition("quarantine", model_id, pq.read_table(staged / "quarantine.parquet", schema=lake_schemas.QUARANTINE))
+    lake.write_partition("images", model_id, pq.read_table(staged / "images.parquet", schema=lake_schemas.IMAGES))
+    return True
+
+
+def drop_staged_images(settings: Settings, model_id: str) -> None:
+    staged = _staged_dir(settings, model_id)
+    for name in ("images.parquet", "quarantine.parquet"):  # images first: it marks the stage
+        (staged / name).unlink(missing_ok=True)
+
+
+def ingest_and_publish(settings: Settings, suite: Suite, model_id: str) -> IngestSummary:
+    """Ingest one model and publish its `images` and `quarantine` partitions at once
+    (`imagebench ingest`; the flows stage and commit with the scores instead)."""
+    summary = ingest_and_stage(settings, suite, model_id)
+    commit_staged_images(settings, model_id)
+    drop_staged_images(settings, model_id)
+    return summary
+
+
+def model_images(settings: Settings, model_id: str) -> pa.Table:
+    """The model's image set this run works on: the staged ingest when there is one, else the lake's."""
+    from tasks.lake import Lake
+
+    staged = _staged_dir(settings, model_id) / "images.parquet"
+    if staged.is_file():
+        return pq.read_table(staged, schema=lake_schemas.IMAGES)
+    return Lake(settings.lake_dir).read("images", [model_id])
+
+
+def content_fingerprint(images: pa.Table) -> str:
+    """sha256 over the model's (prompt, state, image sha256) lines: what its result was computed
+    from. Two listings with the same image bytes have the same content fingerprint."""
+    lines = sorted(
+        f"{p}\t{st}\t{sha or ''}"
+        for p, st, sha in zip(
+            images["prompt_id"].to_pylist(), images["state"].to_pylist(), images["image_sha256"].to_pylist()
+        )
+    )
+    return hashlib.sha256("\n".join(lines).encode()).hexdigest()
 
 
 # --------------------------------------------------------------------------------------------
@@ -179,9 +238,7 @@ class HpsBatch:
 
 
 def _ok_images(settings: Settings, model_id: str) -> pa.Table:
-    from tasks.lake import Lake
-
-    images = Lake(settings.lake_dir).read("images", [model_id])
+    images = model_images(settings, model_id)
     return images.filter(pc.equal(images["state"], "ok"))
 
 
@@ -193,12 +250,13 @@ def _scores_for(settings: Settings, model_id: str, scorer_id: str) -> pa.Table:
 
 
 def plan_hps_batches(
-    settings: Settings, suite: Suite, model_id: str, scorer_id: str, batch_images: int
+    settings: Settings, suite: Suite, model_id: str, scorer_id: str, batch_images: int, whole: bool = False
 ) -> list[HpsBatch]:
-    """Batches of the model's ok images whose (prompt, image sha256, scorer) is not in the lake yet."""
+    """Batches of the model's ok images whose (prompt, image sha256, scorer) is not in the lake
+    yet; with ``whole``, all of them (a model whose images were replaced is re-scored whole)."""
     ok = _ok_images(settings, model_id)
     scored = _scores_for(settings, model_id, scorer_id)
-    done = set(zip(scored["prompt_id"].to_pylist(), scored["image_sha256"].to_pylist()))
+    done = set() if whole else set(zip(scored["prompt_id"].to_pylist(), scored["image_sha256"].to_pylist()))
     todo = [
         HpsItem(p, s, str((settings.home / path).resolve()), suite.by_id[p].prompt)
         for p, s, path in zip(ok["prompt_id"].to_pylist(), ok["image_sha256"].to_pylist(), ok["image_path"].to_pylist())
@@ -224,8 +282,14 @@ def _write_parquet_atomic(table: pa.Table, path: Path) -> None:
     os.replace(tmp, path)
 
 
+def shard_exists(settings: Settings, batch: HpsBatch) -> bool:
+    """A shard of this exact batch survives from an interrupted run (it will be reused)."""
+    return _shard_path(settings, batch).exists()
+
+
 def score_hps_batch(settings: Settings, suite: Suite, batch: HpsBatch, spec: ScorerSpec) -> Path:
-    """Score one batch with HPSv3 and write it as a staging shard. An existing shard is reused."""
+    """Score one batch with HPSv3 and write it as a staging shard. An existing shard (same
+    images, same scorer: left by an interrupted run) is reused as it is."""
     shard = _shard_path(settings, batch)
     if shard.exists():
         progress.advance(f"hpsv3 {batch.model_id}", 0, len(batch))
@@ -306,6 +370,13 @@ class JudgeSetup:
     routing: object  # schemas.judges.Routing
     judges_config: object  # schemas.judges.JudgesConfig
 
+    @property
+    def key(self) -> str:
+        """Identity of the routing + endpoints in force (part of a judge shard's identity)."""
+        h = hashlib.sha256(self.routing.model_dump_json().encode())
+        h.update(self.judges_config.model_dump_json().encode() if self.judges_config is not None else b"-")
+        return h.hexdigest()[:16]
+
 
 def load_judge_setup(settings: Settings) -> JudgeSetup:
     from tasks.judges import load_judges_config, load_routing
@@ -335,7 +406,7 @@ def plan_judge_items(settings: Settings, suite: Suite, model_id: str, rejudge: b
     from tasks.lake import Lake
 
     lake = Lake(settings.lake_dir)
-    images = lake.read("images", [model_id]).to_pylist()
+    images = model_images(settings, model_id).to_pylist()
     verdicts = lake.read("verdicts", [model_id])
     current = {r["prompt_id"]: r["image_sha256"] for r in images if r["state"] == "ok"}
     imported = {
@@ -355,16 +426,24 @@ def judge_batch(settings: Settings, setup: JudgeSetup, items: list, known: froze
 
     if not items:
         return None
+    # Same items, same judges, same known identities: the shard of an interrupted run is reused,
+    # so a resumed run never pays for the same judgement twice.
+    h = hashlib.sha256(f"{setup.key}\t{rejudge}".encode())
+    for i in items:
+        h.update(f"\n{i.prompt_id}\t{i.image_sha256}".encode())
+    h.update("\n".join(sorted(known)).encode())
+    base = settings.staging_dir / "judge" / items[0].model_id / h.hexdigest()[:24]
+    if base.with_suffix(".verdicts.parquet").exists() and base.with_suffix(".calls.parquet").exists():
+        progress.advance(f"judge {items[0].model_id}", 0, len(items))
+        return base
     run = judge_items(
         items, setup.routing, setup.judges_config, known_identities=known, rejudge=rejudge,
         progress=lambda n: progress.advance(f"judge {items[0].model_id}", 0, n),
     )
     if run.calls.num_rows == 0 and run.verdicts.num_rows == 0:
         return None
-    key = hashlib.sha256("\n".join(f"{i.prompt_id}\t{i.image_sha256}" for i in items).encode()).hexdigest()[:16]
-    base = settings.staging_dir / "judge" / items[0].model_id / f"{key}-{uuid.uuid4().hex[:8]}"
     _write_parquet_atomic(run.calls, base.with_suffix(".calls.parquet"))
-    _write_parquet_atomic(run.verdicts, base.with_suffix(".verdicts.parquet"))
+    _write_parquet_atomic(run.verdicts, base.with_suffix(".verdicts.parquet"))  # last: marks the shard complete
     return base
 
 
@@ -460,6 +539,7 @@ def aggregate_model(
         images = Lake(settings.lake_dir).read("images", [model_id])
         if images.num_rows == 0:
             raise RuntimeError(f"model {model_id!r} has no ingested images: run `imagebench ingest --model {model_id}`")
+        fingerprint = content_fingerprint(images)  # what this result was computed from
         state_by_prompt = dict(zip(images["prompt_id"].to_pylist(), images["state"].to_pylist()))
         sha_by_prompt = dict(zip(images["prompt_id"].to_pylist(), images["image_sha256"].to_pylist()))
         ok = {(p, s) for p, s in sha_by_prompt.items() if state_by_prompt[p] == "ok"}
@@ -494,7 +574,7 @@ def aggregate_model(
     overall = None if capability is None else 0.5 * capability + 0.5 * result.eps
     uncalibrated = bool(scorer.uncalibrated) or any(scores["uncalibrated"].to_pylist())
     if fingerprint is None:
-        # Re-aggregation (new verdicts): keep the listing fingerprint the images were scored from.
+        # Imported scores: keep whatever fingerprint the result was recorded with.
         fingerprint = _recorded_fingerprint(settings, model_id, suite.version, reference)
     row = {
         "model_id": model_id,
@@ -563,21 +643,17 @@ def reference_sha256(settings: Settings) -> str:
 @dataclass(frozen=True)
 class ModelPlan:
     model_id: str
-    status: str  # "new" | "changed" | "up_to_date" | "invalid"
-    fingerprint: str | None
+    status: str  # "candidate" (to ingest) | "up_to_date" | "invalid"
+    fingerprint: str | None  # listing fingerprint of the object store now
     detail: str = ""
 
 
-def discover_models(settings: Settings, suite: Suite, reference: ReferenceFile) -> list[ModelPlan]:
-    """Every model in the object store, and whether it needs scoring against this suite,
-    reference and scorer. A model is up to date when its object listing is unchanged since it
-    was scored; nothing else is recomputed."""
+def _result_fingerprints(settings: Settings, suite: Suite, reference: ReferenceFile) -> dict[str, str | None]:
+    """model -> content fingerprint its current result (suite, reference, scorer) was computed from."""
     from tasks.lake import Lake
-    from tasks.storage import InvalidModelId, listing_fingerprint, validate_model_id
 
-    store = open_configured_store(settings)
     scores = Lake(settings.lake_dir).read("model_scores")
-    recorded: dict[str, str | None] = {}
+    out: dict[str, str | None] = {}
     for m, sv, rv, sid, fp in zip(
         scores["model_id"].to_pylist(),
         scores["suite_version"].to_pylist(),
@@ -586,7 +662,24 @@ def discover_models(settings: Settings, suite: Suite, reference: ReferenceFile) 
         scores["source_fingerprint"].to_pylist(),
     ):
         if sv == suite.version and rv == reference.version and sid == reference.scorer_id:
-            recorded[m] = fp
+            out[m] = fp
+    return out
+
+
+def discover_models(settings: Settings, suite: Suite, reference: ReferenceFile) -> list[ModelPlan]:
+    """Every model folder of the object store, and whether it must be ingested this run.
+
+    A model is up to date (not even downloaded) when its object listing (keys, sizes, ETags) is
+    the one its lake images were ingested from AND it has a result under this suite, reference
+    and scorer computed from exactly those images (content fingerprint). Anything else is a
+    candidate: ingest hashes the bytes and :func:`classify` says what to do.
+    """
+    from tasks.lake import Lake
+    from tasks.storage import InvalidModelId, listing_fingerprint, validate_model_id
+
+    store = open_configured_store(settings)
+    results = _result_fingerprints(settings, suite, reference)
+    lake = Lake(settings.lake_dir)
     plans = []
     for model_id in sorted(store.list_models()):
         try:
@@ -595,13 +688,68 @@ def discover_models(settings: Settings, suite: Suite, reference: ReferenceFile) 
             plans.append(ModelPlan(model_id, "invalid", None, str(exc)))
             continue
         fp = listing_fingerprint(store.list_model_objects(model_id))
-        if model_id not in recorded:
-            plans.append(ModelPlan(model_id, "new", fp))
-        elif recorded[model_id] != fp:
-            plans.append(ModelPlan(model_id, "changed", fp))
-        else:
-            plans.append(ModelPlan(model_id, "up_to_date", fp))
+        status = "candidate"
+        if model_id in results:
+            images = lake.read("images", [model_id])
+            ingested_from = set(images["source_fingerprint"].to_pylist())
+            if ingested_from == {fp} and results[model_id] == content_fingerprint(images):
+                status = "up_to_date"
+        plans.append(ModelPlan(model_id, status, fp))
     return plans
+
+
+def classify(settings: Settings, suite: Suite, reference: ReferenceFile, model_id: str) -> str:
+    """What the freshly staged image set of a model means for its result (see
+    schemas.lake.MODEL_DISPOSITIONS): "new", "incremental", "replaced" or "unchanged"."""
+    from tasks.lake import Lake
+
+    recorded = _result_fingerprints(settings, suite, reference).get(model_id)
+    if recorded is None:
+        return "new"
+    staged = model_images(settings, model_id)
+    if content_fingerprint(staged) == recorded:
+        return "unchanged"
+    before = Lake(settings.lake_dir).read("images", [model_id])
+    now = {p: sha for p, st, sha in zip(staged["prompt_id"].to_pylist(), staged["state"].to_pylist(), staged["image_sha256"].to_pylist()) if st == "ok"}
+    kept = all(
+        now.get(p) == sha
+        for p, st, sha in zip(before["prompt_id"].to_pylist(), before["state"].to_pylist(), before["image_sha256"].to_pylist())
+        if st == "ok"
+    )
+    return "incremental" if kept else "replaced"
+
+
+@dataclass(frozen=True)
+class CommitResult:
+    row: dict | None  # the model_scores row (None when not aggregated)
+    hps_rows: int
+    verdicts: int
+
+
+def commit_model(
+    settings: Settings,
+    suite: Suite,
+    reference: ReferenceFile | None,
+    model_id: str,
+    scorer_id: str,
+    hps_shards: list[Path],
+    judge_shards: list[Path | None],
+    run_id: str,
+) -> CommitResult:
+    """Publish one model's run to the lake in one step, result last.
+
+    Order: images + quarantine (the staged ingest), hps_scores, judge_calls + verdicts, then the
+    model_scores row, which is what the leaderboard reads: a model's old result is replaced by a
+    single atomic rename, after everything it is computed from is in place. Each file is itself
+    replaced atomically. Staging is removed only afterwards, so a run killed inside this step
+    commits the same thing again when resumed.
+    """
+    commit_staged_images(settings, model_id)
+    hps_rows = publish_hps_scores(settings, suite, model_id, scorer_id, hps_shards)
+    verdicts = publish_judgements(settings, model_id, judge_shards)
+    row = aggregate_model(settings, suite, reference, model_id, run_id, None) if reference is not None else None
+    drop_staged_images(settings, model_id)
+    return CommitResult(row, hps_rows, verdicts)
 
 
 def refresh(settings: Settings, suite: Suite) -> Path:

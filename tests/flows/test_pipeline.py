@@ -107,18 +107,44 @@ def test_reference_nightly_and_rerun(built_reference):
     for m, e in eps_before.items():
         assert after[m]["eps"] == e
 
-    # A changed image re-scores that model only, and only the changed image goes through HPSv3.
+    # New images of a known model are scored incrementally: only they go through HPSv3.
+    partial_before = {r["prompt_id"]: r for r in Lake_read(settings, "hps_scores", "partial")}
+    put_model_extra = eligible[41:44]
     from tests.flows.conftest import image_bytes
 
-    (objects / "models" / "full" / f"{eligible[0]}.png").write_bytes(image_bytes(999_999))
+    for i, pid in enumerate(put_model_extra):
+        (objects / "models" / "partial" / f"{pid}.png").write_bytes(image_bytes(777_000 + i))
     fourth = nightly_flow()
-    assert fourth["scored"] == ["full"]
+    assert fourth["scored"] == ["partial"]
+    after_partial = {r["prompt_id"]: r for r in Lake_read(settings, "hps_scores", "partial")}
+    assert set(after_partial) == set(partial_before) | set(put_model_extra)
+    assert all(after_partial[p]["scored_at"] == partial_before[p]["scored_at"] for p in partial_before)
+
+    # A changed image re-scores that model whole: every row of its scorer is replaced at once.
+    last_scored = max(r["scored_at"] for r in Lake_read(settings, "hps_scores", "full"))
+    (objects / "models" / "full" / f"{eligible[0]}.png").write_bytes(image_bytes(999_999))
+    fifth = nightly_flow()
+    assert fifth["scored"] == ["full"]
+    t = Lake_read(settings, "hps_scores", "full")
+    assert len(t) == 165 and all(r["scored_at"] > last_scored for r in t)
+
+    # Every run left a record: what it discovered and did, and how long each stage took.
     from tasks.lake import Lake
 
-    t = Lake(settings.lake_dir).read("hps_scores", ["full"]).to_pylist()
-    assert len(t) == 165
-    newest = max(r["scored_at"] for r in t)
-    assert sum(r["scored_at"] == newest for r in t) == 1
+    runs = sorted(Lake(settings.lake_dir).read_runs().to_pylist(), key=lambda r: r["started_at"])
+    nightly_runs = [r for r in runs if r["flow"] == "nightly"]
+    assert [r["status"] for r in nightly_runs] == ["completed"] * 5
+    assert nightly_runs[0]["models_new"] == ["full", "partial"] and nightly_runs[0]["ingest_s"] > 0
+    assert nightly_runs[1]["models_up_to_date"] == ["base-a", "base-b", "full", "partial"]
+    assert nightly_runs[1]["hps_images_scored"] == 0
+    assert nightly_runs[3]["models_incremental"] == ["partial"] and nightly_runs[3]["hps_images_scored"] == 3
+    assert nightly_runs[4]["models_replaced"] == ["full"] and nightly_runs[4]["hps_images_scored"] == 165
+
+
+def Lake_read(settings, table, model_id):
+    from tasks.lake import Lake
+
+    return Lake(settings.lake_dir).read(table, [model_id]).to_pylist()
 
 
 def test_reference_is_never_rewritten_and_tampering_is_refused(built_reference):
