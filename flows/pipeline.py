@@ -18,6 +18,7 @@ from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 from prefect.client.orchestration import get_client
+from prefect.exceptions import ObjectNotFound
 from prefect.context import get_run_context
 
 from schemas import lake as lake_schemas
@@ -101,9 +102,24 @@ def _run_id() -> str:
 
 
 def ensure_gpu_limit(limit: int) -> None:
-    """Create (or update) the `gpu` tag concurrency limit on whichever Prefect API is in use."""
+    """The cluster-wide `gpu` tag concurrency limit, on a real Prefect server only.
+
+    On a server, a slot held by a task run whose process was killed is reclaimed when its lease
+    (60 s) expires. The embedded (ephemeral) API runs no such service, and a killed command
+    would leave its slot taken forever, blocking every later run; it serves one process anyway,
+    so there the limit is removed and the per-process GPU semaphore (work.score_hps_batch,
+    IMAGEBENCH_GPU_CONCURRENCY) is what bounds concurrent inference.
+    """
+    from prefect.settings import get_current_settings
+
     with get_client(sync_client=True) as client:
-        client.create_concurrency_limit(tag=GPU_TAG, concurrency_limit=limit)
+        if get_current_settings().api.url:
+            client.create_concurrency_limit(tag=GPU_TAG, concurrency_limit=limit)
+            return
+        try:
+            client.delete_concurrency_limit_by_tag(tag=GPU_TAG)
+        except ObjectNotFound:
+            pass
 
 
 @dataclass

@@ -15,12 +15,16 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import random
 import re
 import tempfile
+import threading
+import time
 from abc import ABC, abstractmethod
+from collections import Counter
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
@@ -42,6 +46,10 @@ S3_READ_TIMEOUT_S = 30.0
 # 6 x connect timeout).
 S3_MAX_ATTEMPTS = 5
 S3_MAX_POOL_CONNECTIONS = 32  # >= the ingest thread pool
+# botocore retries a GetObject whose *response head* fails (503 SlowDown, reset, timeout), but not
+# one whose body breaks off while it is read (connection reset or timeout mid-body): read() then
+# repeats the whole GET, at most this many times in all.
+S3_READ_BODY_ATTEMPTS = 3
 
 
 class StoreError(RuntimeError):
@@ -388,6 +396,7 @@ class S3Store(ObjectStore):
         self.endpoint_url = endpoint_url or None
         self.region = region or None
         self.page_size = page_size
+        self.max_attempts_per_call = max_attempts + 1  # botocore: max_attempts retries
         self.config = Config(
             connect_timeout=connect_timeout,
             read_timeout=read_timeout,
@@ -404,6 +413,17 @@ class S3Store(ObjectStore):
             )
         except Exception as exc:  # bad endpoint URL, unknown region format, ...
             raise StoreError(f"cannot set up S3 client for {self._where()}: {_describe(exc)}") from exc
+        # Survived faults, for logs and tests: retried_calls, failed_attempts, body_retries.
+        self.retry_counts: Counter[str] = Counter()
+        self._stats_lock = threading.Lock()
+        self._calls = threading.local()  # per thread: attempts and failure causes of the last call
+        self._install_attempt_hooks()
+        # The resolved keys are masked in every message and log record from now on (botocore's
+        # DEBUG request dumps carry the access key id): tasks/redact.py.
+        from tasks.redact import install_log_redaction, register_aws_credentials
+
+        register_aws_credentials(session)
+        install_log_redaction()
 
     @property
     def uri(self) -> str:
@@ -415,28 +435,107 @@ class S3Store(ObjectStore):
     def _obj_uri(self, full_key: str) -> str:
         return f"s3://{self.bucket}/{full_key}"
 
+    def _install_attempt_hooks(self) -> None:
+        """Count the HTTP attempts of each API call (per thread) and why the failed ones failed,
+        so a survived fault is logged and a given-up one says how often it was tried."""
+        tl = self._calls
+        counts = self.retry_counts
+        lock = self._stats_lock
+        endpoint = self.endpoint_url or "AWS default"
+
+        def before_call(model=None, params=None, **_):
+            tl.attempts, tl.causes = 0, []
+            tl.op = getattr(model, "name", "?")
+            tl.path = (params or {}).get("url_path", "") if isinstance(params, dict) else ""
+
+        def before_send(**_):
+            tl.attempts = getattr(tl, "attempts", 0) + 1
+
+        def needs_retry(response=None, caught_exception=None, **_):
+            if caught_exception is not None:
+                cause = type(caught_exception).__name__
+            elif response is not None and response[0] is not None and response[0].status_code >= 300:
+                code = ((response[1] or {}).get("Error") or {}).get("Code") or ""
+                cause = f"{response[0].status_code} {code}".strip()
+            else:
+                return None
+            if not hasattr(tl, "causes"):
+                tl.causes = []
+            tl.causes.append(cause)
+            return None  # never decides anything: botocore's retry handler does
+
+        def after_call(http_response=None, **_):
+            n = getattr(tl, "attempts", 0)
+            if n > 1 and http_response is not None and http_response.status_code < 300:
+                with lock:
+                    counts["retried_calls"] += 1
+                    counts["failed_attempts"] += n - 1
+                log.warning(
+                    "S3 %s %s at endpoint %s succeeded after %d attempts (%s)",
+                    tl.op, tl.path, endpoint, n, _summarise(tl.causes),
+                )
+
+        events = self._client.meta.events
+        events.register("before-call.s3", before_call)
+        events.register("before-send.s3", before_send)
+        events.register_first("needs-retry.s3", needs_retry)
+        events.register("after-call.s3", after_call)
+
+    def _attempts(self) -> tuple[int, list[str]]:
+        """HTTP attempts and failure causes of this thread's latest API call."""
+        return getattr(self._calls, "attempts", 0), list(getattr(self._calls, "causes", []))
+
     @contextmanager
-    def _errors(self, action: str, key: str | None = None) -> Iterator[None]:
-        """Translate boto3/botocore failures into StoreError naming endpoint, bucket and key."""
+    def _errors(self, action: str, key: str | None = None, history: _History | None = None) -> Iterator[None]:
+        """Translate boto3/botocore failures into StoreError naming endpoint, bucket and key, and
+        for transient failures (or any failure after retries) how many attempts were made.
+
+        ``history``: attempts of earlier tries of the same operation (read() repeats a GET).
+        """
         from botocore.exceptions import (
             BotoCoreError,
             ClientError,
             ConnectionClosedError,
             ConnectTimeoutError,
             EndpointConnectionError,
+            IncompleteReadError,
             NoCredentialsError,
             PartialCredentialsError,
             ReadTimeoutError,
+            ResponseStreamingError,
         )
 
         endpoint = self.endpoint_url or "AWS default"
         target = self._obj_uri(key) if key is not None else f"s3://{self.bucket}/{self.prefix}"
+
+        def tries(transient: bool) -> str:
+            last, causes = self._attempts()
+            total = last
+            if history is not None:
+                total, causes = last + history.attempts, history.causes + causes
+            if total < 1 or (total == 1 and not transient):
+                return ""
+            text = f" (gave up after {total} attempt{'s' if total != 1 else ''}: {_summarise(causes)}"
+            if transient and last < self.max_attempts_per_call and not (history and history.body_failed):
+                # botocore's standard mode stops retrying once the client's retry quota is spent
+                # (sustained failures across threads), before the per-call limit.
+                text += f"; retry quota spent before the limit of {self.max_attempts_per_call} attempts per call"
+            return text + ")"
+
         try:
             yield
         except (EndpointConnectionError, ConnectTimeoutError, ConnectionClosedError) as exc:
-            raise StoreError(f"cannot reach S3 endpoint {endpoint}: {action} {target}: {_describe(exc)}") from exc
+            raise StoreError(
+                f"cannot reach S3 endpoint {endpoint}: {action} {target}: {_describe(exc)}{tries(True)}"
+            ) from exc
         except ReadTimeoutError as exc:
-            raise StoreError(f"S3 endpoint {endpoint} timed out: {action} {target}: {_describe(exc)}") from exc
+            raise StoreError(
+                f"S3 endpoint {endpoint} timed out: {action} {target}: {_describe(exc)}{tries(True)}"
+            ) from exc
+        except (ResponseStreamingError, IncompleteReadError) as exc:
+            raise StoreError(
+                f"S3 endpoint {endpoint} broke off the response: {action} {target}: {_describe(exc)}{tries(True)}"
+            ) from exc
         except (NoCredentialsError, PartialCredentialsError) as exc:
             raise StoreError(
                 f"no usable AWS credentials for {action} {target} at endpoint {endpoint}: {_describe(exc)} "
@@ -448,6 +547,9 @@ class S3Store(ObjectStore):
             code = str(err.get("Code", "Unknown"))
             message = str(err.get("Message", "")).strip()
             detail = f"{code}: {message}" if message else code
+            meta = exc.response.get("ResponseMetadata", {}) if isinstance(exc.response, dict) else {}
+            status = int(meta.get("HTTPStatusCode") or 0)
+            transient = status >= 500 or status == 429 or code in _THROTTLED
             if code in ("NoSuchBucket",):
                 raise StoreError(
                     f"S3 bucket {self.bucket!r} does not exist at endpoint {endpoint} ({action} {target})"
@@ -459,9 +561,13 @@ class S3Store(ObjectStore):
                     f"access denied to {target} at endpoint {endpoint} ({action}): {detail}; "
                     "check the credentials of the AWS chain and the bucket policy"
                 ) from exc
-            raise StoreError(f"S3 error on {action} {target} at endpoint {endpoint}: {detail}") from exc
+            raise StoreError(
+                f"S3 error on {action} {target} at endpoint {endpoint}: {detail}{tries(transient)}"
+            ) from exc
         except BotoCoreError as exc:
-            raise StoreError(f"S3 failure on {action} {target} at endpoint {endpoint}: {_describe(exc)}") from exc
+            raise StoreError(
+                f"S3 failure on {action} {target} at endpoint {endpoint}: {_describe(exc)}{tries(False)}"
+            ) from exc
 
     def _paginate(self, action: str, prefix: str, delimiter: str | None = None) -> Iterator[dict]:
         kwargs = {"Bucket": self.bucket, "Prefix": prefix, "PaginationConfig": {"PageSize": self.page_size}}
@@ -500,14 +606,38 @@ class S3Store(ObjectStore):
         return sorted(out, key=lambda o: o.key)
 
     def read(self, obj: StoredObject) -> bytes:
+        from botocore.exceptions import HTTPClientError, IncompleteReadError
+
         try:
             check_key(obj.key)
         except InvalidKey as exc:
             raise StoreError(f"{self.uri}: {exc}") from exc
         full_key = self.prefix + obj.key
-        with self._errors("read", full_key):
-            resp = self._client.get_object(Bucket=self.bucket, Key=full_key)
-            return resp["Body"].read()
+        history = _History()
+        with self._errors("read", full_key, history):
+            for attempt in range(1, S3_READ_BODY_ATTEMPTS + 1):
+                resp = self._client.get_object(Bucket=self.bucket, Key=full_key)
+                try:
+                    return resp["Body"].read()
+                except (HTTPClientError, IncompleteReadError) as exc:
+                    # Broke off mid-body: botocore does not retry that; repeat the whole GET.
+                    if attempt == S3_READ_BODY_ATTEMPTS:
+                        self._calls.causes = [*getattr(self._calls, "causes", []), type(exc).__name__]
+                        history.body_failed = True
+                        raise
+                    n, causes = self._attempts()
+                    history.attempts += n
+                    history.causes += [*causes, type(exc).__name__]
+                    with self._stats_lock:
+                        self.retry_counts["body_retries"] += 1
+                    log.warning(
+                        "S3 read of %s at endpoint %s broke off mid-body (%s): repeating the GET (%d/%d)",
+                        self._obj_uri(full_key), self.endpoint_url or "AWS default", type(exc).__name__,
+                        attempt + 1, S3_READ_BODY_ATTEMPTS,
+                    )
+                    resp["Body"].close()
+                    time.sleep(random.uniform(0, 0.1 * 2**attempt))
+        raise AssertionError("unreachable")  # pragma: no cover
 
     def write(self, key: str, data: bytes) -> StoredObject:
         try:
@@ -522,9 +652,35 @@ class S3Store(ObjectStore):
         )
 
 
+def _redact(text: str) -> str:
+    from tasks.redact import redact
+
+    return redact(text) or ""
+
+
+_THROTTLED = {"SlowDown", "Throttling", "ThrottlingException", "RequestLimitExceeded", "TooManyRequestsException"}
+
+
+@dataclass
+class _History:
+    """Attempts already made by earlier tries of one store operation."""
+
+    attempts: int = 0
+    causes: list[str] = field(default_factory=list)
+    body_failed: bool = False  # the last try broke off mid-body (after botocore's call succeeded)
+
+
+def _summarise(causes: list[str]) -> str:
+    """``['503 SlowDown', '503 SlowDown', 'ConnectionClosedError']`` -> ``503 SlowDown x2, ConnectionClosedError``."""
+    if not causes:
+        return "no error recorded"
+    return ", ".join(f"{c} x{n}" if n > 1 else c for c, n in Counter(causes).items())
+
+
 def _describe(exc: BaseException) -> str:
-    # botocore messages carry the URL and the cause, never credentials.
-    return str(exc) or type(exc).__name__
+    # botocore messages carry the URL and the cause, never credentials; a server's message is
+    # its own text, masked all the same (tasks/redact.py).
+    return _redact(str(exc)) or type(exc).__name__
 
 
 # --------------------------------------------------------------------------------------------

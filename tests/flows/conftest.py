@@ -105,3 +105,22 @@ def workspace(tmp_path, monkeypatch, tiny_model) -> Path:
 
     work.scorer_identity.cache_clear()
     return home
+
+
+def eligible_ids() -> list[str]:
+    from tasks.suite import load_suite
+
+    return list(load_suite(SUITE_FILE).eligible_ids)
+
+
+@pytest.fixture()
+def built_reference(prefect_harness, workspace):
+    """A workspace whose reference "t1" was built by a real flow run from two baseline models."""
+    from flows.pipeline import reference_build_flow
+
+    eligible = eligible_ids()
+    objects = workspace / "objects"
+    put_model(objects, "base-a", eligible, seed=1)
+    put_model(objects, "base-b", eligible, seed=2)
+    path = reference_build_flow("t1", ["base-a", "base-b"])
+    return workspace, objects, path

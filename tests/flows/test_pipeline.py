@@ -45,18 +45,6 @@ def _expected_eps(model_id: str) -> float:
     return 100.0 * total / len(mu_ref)
 
 
-@pytest.fixture()
-def built_reference(prefect_harness, workspace):
-    from flows.pipeline import reference_build_flow
-
-    eligible = _eligible()
-    objects = workspace / "objects"
-    put_model(objects, "base-a", eligible, seed=1)
-    put_model(objects, "base-b", eligible, seed=2)
-    path = reference_build_flow("t1", ["base-a", "base-b"])
-    return workspace, objects, path
-
-
 def test_reference_nightly_and_rerun(built_reference):
     from flows.pipeline import nightly_flow
     from schemas.settings import load_settings
@@ -134,7 +122,7 @@ def test_reference_nightly_and_rerun(built_reference):
     runs = sorted(Lake(settings.lake_dir).read_runs().to_pylist(), key=lambda r: r["started_at"])
     nightly_runs = [r for r in runs if r["flow"] == "nightly"]
     assert [r["status"] for r in nightly_runs] == ["completed"] * 5
-    assert nightly_runs[0]["models_new"] == ["full", "partial"] and nightly_runs[0]["ingest_s"] > 0
+    assert nightly_runs[0]["models_new"] == ["base-a", "base-b", "full", "partial"] and nightly_runs[0]["ingest_s"] > 0
     assert nightly_runs[1]["models_up_to_date"] == ["base-a", "base-b", "full", "partial"]
     assert nightly_runs[1]["hps_images_scored"] == 0
     assert nightly_runs[3]["models_incremental"] == ["partial"] and nightly_runs[3]["hps_images_scored"] == 3

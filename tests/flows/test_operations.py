@@ -1,0 +1,304 @@
+"""What production does to a run: SIGKILL and resume, a second backfill of the same model, a
+corrupt lake file, a full disk. Real flow runs (and real `imagebench` processes for the kills)."""
+
+from __future__ import annotations
+
+import errno
+import multiprocessing
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.flows.conftest import REPO, eligible_ids, put_model
+from tests.lakecompare import assert_same_lake
+
+pytestmark = pytest.mark.slow
+
+
+def _runs(settings) -> list[dict]:
+    from tasks.lake import Lake
+
+    return sorted(Lake(settings.lake_dir).read_runs().to_pylist(), key=lambda r: r["started_at"])
+
+
+# ---- SIGKILL at any point, then resume --------------------------------------------------------
+
+
+def _cli_env(home: Path, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+    env.update(
+        IMAGEBENCH_HOME=str(home),
+        PREFECT_HOME=str(home / "prefect"),
+        PREFECT_SERVER_ANALYTICS_ENABLED="false",
+        PREFECT_LOGGING_LEVEL="WARNING",
+        IMAGEBENCH_TASK_BATCH_SIZE="8",  # many small batches: the kill lands between and inside them
+        IMAGEBENCH_BATCH_SIZE="4",
+        **extra,
+    )
+    return env
+
+
+def _score_cli(home: Path, model: str) -> subprocess.Popen:
+    # Its own session: SIGKILL goes to the whole process group (CLI + its embedded Prefect server),
+    # as when a machine or container dies. Output to a file: a full pipe would block the run.
+    log_path = home.parent / f"cli-{time.monotonic_ns()}.log"
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(
+            [str(Path(sys.executable).parent / "imagebench"), "score", "--model", model, "--format", "json"],
+            cwd=REPO, env=_cli_env(home), stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        )
+    proc.log_path = log_path
+    return proc
+
+
+def _kill_when(proc: subprocess.Popen, ready, timeout: float = 300) -> bool:
+    """SIGKILL the process group as soon as ``ready()``; False if the run ended first."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if ready():
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            return True
+        if proc.poll() is not None:
+            return False
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGKILL)
+    raise AssertionError("the kill point was never reached: " + proc.log_path.read_text()[-3000:])
+
+
+def test_sigkill_mid_batch_then_resume_ends_with_the_same_lake(built_reference, tmp_path):
+    from schemas.settings import load_settings
+
+    home, objects, _ = built_reference
+    put_model(objects, "victim", eligible_ids()[:40], seed=21)
+    shards = home / "staging" / "hps" / "victim"
+    n_shards = lambda: len(list(shards.glob("*.parquet"))) if shards.is_dir() else 0  # noqa: E731
+
+    # Kill 1: as soon as the first HPSv3 batch is written, with the others in flight.
+    assert _kill_when(_score_cli(home, "victim"), lambda: n_shards() >= 1)
+    first = n_shards()
+    assert not (home / "lake" / "model_scores" / "model_id=victim").exists()
+    # Kill 2: the resumed run, as soon as it has added a shard of its own.
+    assert _kill_when(_score_cli(home, "victim"), lambda: n_shards() > first)
+    assert n_shards() > first
+    # Third start: runs to the end.
+    done = _score_cli(home, "victim")
+    assert done.wait(timeout=600) == 0, done.log_path.read_text()
+
+    record = [r for r in _runs(load_settings()) if r["flow"] == "score-model"][-1]
+    assert record["status"] == "completed"
+    # Nothing finished was redone: the surviving batches were reused, not scored again.
+    assert record["hps_images_resumed"] >= 8 * 2
+    assert record["hps_images_resumed"] + record["hps_images_scored"] == 40
+    assert not list(shards.glob("*.parquet")), "staging shards are removed once committed"
+
+    # The same lake as an uninterrupted run of the same model in a fresh workspace.
+    clean = tmp_path / "clean"
+    shutil.copytree(objects / "models" / "victim", clean / "objects" / "models" / "victim")  # keeps mtimes
+    proc = subprocess.run(
+        [str(Path(sys.executable).parent / "imagebench"), "score", "--model", "victim", "--format", "json"],
+        cwd=REPO, env=_cli_env(clean), capture_output=True, text=True, timeout=600,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert_same_lake(home / "lake", clean / "lake", [home], [clean], models=["victim"])
+
+
+# ---- two backfills of one model ----------------------------------------------------------------
+
+
+def _hold_lock(home: str, model_id: str, held, release) -> None:
+    from tasks.locks import model_lock
+
+    with model_lock(Path(home), model_id, "other-backfill-run"):
+        held.set()
+        release.wait(120)
+
+
+def test_second_backfill_of_the_same_model_refuses_then_waits(built_reference, monkeypatch):
+    from flows.pipeline import nightly_flow, score_model_flow
+    from schemas.settings import load_settings
+    from tasks.locks import ModelBusy
+
+    home, objects, _ = built_reference
+    put_model(objects, "contested", eligible_ids()[:6], seed=31)
+    ctx = multiprocessing.get_context("spawn")
+    held, release = ctx.Event(), ctx.Event()
+    holder = ctx.Process(target=_hold_lock, args=(str(home), "contested", held, release))
+    holder.start()
+    try:
+        assert held.wait(60)
+        # Another process is scoring the model: a backfill refuses, naming who holds it.
+        with pytest.raises(ModelBusy, match="other-backfill-run"):
+            score_model_flow("contested")
+        assert not (home / "lake" / "images" / "model_id=contested").exists()
+        refused = _runs(load_settings())[-1]
+        assert refused["status"] == "failed" and "other-backfill-run" in refused["error"]
+        # The nightly skips it (and says so) but scores the rest.
+        summary = nightly_flow()
+        assert summary["busy"] == ["contested"] and "contested" not in summary["scored"]
+        assert _runs(load_settings())[-1]["models_busy"] == ["contested"]
+        # With a wait, the second backfill starts as soon as the first is done.
+        monkeypatch.setenv("IMAGEBENCH_MODEL_LOCK_WAIT_S", "120")
+        threading_release = __import__("threading").Timer(3.0, release.set)
+        threading_release.start()
+        row = score_model_flow("contested")
+        assert row["model_id"] == "contested" and row["eps_prompts_scored"] == 6
+    finally:
+        release.set()
+        holder.join(30)
+
+
+# ---- a corrupt Parquet file in the lake ----------------------------------------------------------
+
+
+def test_corrupt_lake_file_is_detected_set_aside_reported_and_recomputed(built_reference):
+    from flows.pipeline import RunFailed, nightly_flow
+    from schemas.settings import load_settings
+    from tasks.lake import Lake, query
+
+    home, objects, _ = built_reference
+    settings = load_settings()
+    nightly_flow()
+    lake = Lake(settings.lake_dir)
+    before = {r["prompt_id"]: r["mu"] for r in lake.read("hps_scores", ["base-a"]).to_pylist()}
+    victim = lake.partition_path("hps_scores", "base-a")
+    garbage = b"PAR1 this is not a parquet file" + os.urandom(64)
+    victim.write_bytes(garbage)
+
+    with pytest.raises(RunFailed, match="corrupt"):
+        nightly_flow()
+    # Detected and reported: in the run record, naming the file; kept aside, never deleted.
+    record = _runs(settings)[-1]
+    assert record["status"] == "failed"
+    assert len(record["corrupt_files"]) == 1 and str(victim) in record["corrupt_files"][0]
+    kept = list((settings.lake_dir / "_corrupt" / "hps_scores" / "model_id=base-a").glob("*.parquet"))
+    assert len(kept) == 1 and kept[0].read_bytes() == garbage
+    # Recomputed from the model's images in the same run: the same scores as before.
+    after = {r["prompt_id"]: r["mu"] for r in lake.read("hps_scores", ["base-a"]).to_pylist()}
+    assert after == pytest.approx(before, abs=1e-12) and set(after) == set(before)
+    assert "base-a" in record["models_new"]
+    _, rows = query(settings.catalog_path, "SELECT count(*) FROM leaderboard WHERE model_id = 'base-a'")
+    assert rows == [(1,)]
+    # The next night is clean again.
+    assert nightly_flow()["corrupt_files"] == []
+
+
+# ---- disk full on the workspace ---------------------------------------------------------------
+
+
+def _fill(path: Path) -> Path:
+    filler = path / "filler.bin"
+    with open(filler, "wb") as fh:
+        try:
+            while True:
+                fh.write(b"\0" * (1 << 16))
+                fh.flush()
+        except OSError as exc:
+            assert exc.errno == errno.ENOSPC
+    return filler
+
+
+def test_disk_full_fails_cleanly_and_the_previous_lake_stays_readable(built_reference, tmp_path, monkeypatch):
+    """A real full filesystem: the workspace lives on a small tmpfs we fill up."""
+    from flows.pipeline import RunFailed, score_model_flow
+    from schemas.settings import load_settings
+    from tasks.lake import Lake, query
+
+    _, objects, _ = built_reference
+    small = tmp_path / "small-disk"
+    small.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=24m", "tmpfs", str(small)], capture_output=True)
+    assert mounted.returncode == 0, f"cannot mount a tmpfs here (need root): {mounted.stderr!r}"
+    try:
+        monkeypatch.setenv("IMAGEBENCH_HOME", str(small / "home"))
+        monkeypatch.setenv("IMAGEBENCH_STORE", str(objects))
+        put_model(objects, "first", eligible_ids()[:8], seed=41)
+        put_model(objects, "second", eligible_ids()[:8], seed=42)
+        settings = load_settings()
+        score_model_flow("first")
+        lake_files = {p: p.read_bytes() for p in settings.lake_dir.rglob("*.parquet") if "runs" not in p.parts}
+
+        filler = _fill(small)
+        with pytest.raises((OSError, RunFailed)) as failure:
+            score_model_flow("second")
+        assert "No space left on device" in str(failure.value)
+        # The previous lake is intact and readable; no half-written file is visible.
+        assert {p: p.read_bytes() for p in lake_files} == lake_files
+        assert not [p for p in settings.lake_dir.rglob("*") if p.name.endswith(".tmp")]
+        assert not (settings.lake_dir / "model_scores" / "model_id=second").exists()
+        assert Lake(settings.lake_dir).read("model_scores").column("model_id").to_pylist() == ["first"]
+        _, rows = query(settings.catalog_path, "SELECT model_id FROM leaderboard")
+        assert rows == [("first",)]
+
+        # Space back: the same command completes.
+        filler.unlink()
+        row = score_model_flow("second")
+        assert row["eps_prompts_scored"] == 8
+    finally:
+        subprocess.run(["umount", "-l", str(small)], check=False)
+
+
+# ---- judge endpoint outages --------------------------------------------------------------------
+
+
+def _judges_yaml(path: Path, qwen_url: str, gemma_url: str) -> Path:
+    import json
+
+    path.write_text(json.dumps({"judges": {
+        "qwen3-vl": {"backend": "openai", "base_url": qwen_url, "model": "fake-qwen", "concurrency": 4, "max_retries": 1},
+        "gemma": {"backend": "openai", "base_url": gemma_url, "model": "fake-gemma", "concurrency": 4, "max_retries": 1},
+    }}))
+    return path
+
+
+def test_judge_outage_falls_back_then_shows_explicit_states_then_recovers(built_reference, monkeypatch, tmp_path):
+    from flows.pipeline import score_model_flow
+    from schemas.settings import load_settings
+    from tasks.lake import Lake
+    from tasks.suite import load_suite
+    from tests.fake_openai import FakeOpenAI, Reply, free_port
+
+    home, objects, _ = built_reference
+    settings = load_settings()
+    suite = load_suite(settings.suite_path)
+    ids = [p.prompt_id for p in suite.prompts if p.category != "Text Rendering"][:8]
+    put_model(objects, "outage", ids, seed=51)
+    put_model(objects, "dark", ids, seed=52)
+    dead = lambda: f"http://127.0.0.1:{free_port()}/v1"  # noqa: E731 - nothing listens there
+    cfg = tmp_path / "judges.yaml"
+    monkeypatch.setenv("IMAGEBENCH_JUDGES_CONFIG", str(cfg))
+    lake = Lake(settings.lake_dir)
+    passing = lambda req: Reply(text="Checked.\nVERDICT: PASS")  # noqa: E731
+
+    # The preferred judge is down: its fallback decides every item; the failed calls are kept.
+    with FakeOpenAI(model="fake-gemma", responder=passing) as gemma:
+        _judges_yaml(cfg, dead(), gemma.base_url)
+        row = score_model_flow("outage")
+    verdicts = lake.read("verdicts", ["outage"]).to_pylist()
+    assert {v["judge"] for v in verdicts} == {"gemma"} and {v["verdict"] for v in verdicts} == {"PASS"}
+    calls = lake.read("judge_calls", ["outage"]).to_pylist()
+    assert any(c["judge"] == "qwen3-vl" and c["error"] for c in calls)
+    assert row["provisional"] is False and row["verdicts_pass"] == len(ids)
+
+    # Both down: nothing is scored silently. Every item is an explicit ERROR, the model provisional.
+    _judges_yaml(cfg, dead(), dead())
+    row = score_model_flow("dark")
+    verdicts = lake.read("verdicts", ["dark"]).to_pylist()
+    assert len(verdicts) == len(ids) and {v["verdict"] for v in verdicts} == {"ERROR"}
+    assert all(v["reason"] for v in verdicts)
+    assert row["provisional"] is True and row["verdicts_undecided"] == len(ids) and row["verdicts_pass"] == 0
+
+    # Back up: the next run asks again for the ERROR items only, and the model is decided.
+    with FakeOpenAI(model="fake-qwen", responder=passing) as qwen:
+        _judges_yaml(cfg, qwen.base_url, dead())
+        row = score_model_flow("dark")
+        assert len(qwen.completions) == len(ids)
+        score_model_flow("outage")
+        assert len(qwen.completions) == len(ids), "settled verdicts are never asked again"
+    assert row["provisional"] is False and row["verdicts_pass"] == len(ids)
