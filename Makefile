@@ -43,8 +43,10 @@ demo: setup
 test: setup
 	$(VENV)/bin/pytest -q
 
+# Production mode: a real Prefect server on 127.0.0.1 (port IMAGEBENCH_PREFECT_PORT, default 4200) + the nightly and
+# backfill deployments served against it; Ctrl-C stops both (docs/OPERATIONS.md).
 serve: setup
-	$(VENV)/bin/imagebench serve
+	$(VENV)/bin/imagebench serve --local-server
 
 bench: setup
 	$(PY) bench/run_bench.py

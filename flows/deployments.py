@@ -1,8 +1,17 @@
-"""Deployments: the nightly schedule and on-request backfills, served by `imagebench serve`.
+"""Deployments: the nightly schedule and on-request backfills.
 
-`serve` runs a long-lived process against the configured Prefect API (the embedded one by
-default; set PREFECT_API_URL for a real server). The nightly cron and its time zone come from
-IMAGEBENCH_NIGHTLY_CRON / IMAGEBENCH_NIGHTLY_TZ (default 02:00 UTC).
+Two deployments, the same whichever way they are run:
+
+- ``nightly/nightly``: flow ``nightly`` on a cron schedule with an explicit time zone
+  (``IMAGEBENCH_NIGHTLY_CRON`` / ``IMAGEBENCH_NIGHTLY_TZ``, default ``0 2 * * *`` in ``UTC``).
+- ``score-model/backfill``: flow ``score-model`` (``flows.pipeline:score_model_flow``) with
+  parameters ``model_id``, ``rejudge``, ``suite_version``, ``reference_version``,
+  ``scorer_name``; started by ``imagebench backfill --model M`` or the UI's "Run" form.
+
+``imagebench serve`` serves them from its own process (``serve_deployments``) against the
+configured Prefect API; ``imagebench serve --local-server`` / ``make serve`` first starts a real
+local server (flows/server.py). ``prefect.yaml`` at the repository root declares the same two for
+the ``imagebench-gpu`` work pool, for workers on GPU machines (docs/OPERATIONS.md).
 """
 
 from __future__ import annotations
@@ -10,6 +19,7 @@ from __future__ import annotations
 import os
 
 from prefect import serve
+from prefect.deployments.runner import EntrypointType
 from prefect.schedules import Cron
 
 from flows.pipeline import nightly_flow, score_model_flow
@@ -17,20 +27,98 @@ from flows.pipeline import nightly_flow, score_model_flow
 DEFAULT_NIGHTLY_CRON = "0 2 * * *"
 DEFAULT_NIGHTLY_TZ = "UTC"
 
+NIGHTLY_NAME = "nightly"
+BACKFILL_NAME = "backfill"
+# "<flow name>/<deployment name>", as `imagebench backfill` and `prefect deployment run` name them.
+NIGHTLY_DEPLOYMENT = f"{nightly_flow.name}/{NIGHTLY_NAME}"
+BACKFILL_DEPLOYMENT = f"{score_model_flow.name}/{BACKFILL_NAME}"
+WORK_POOL = "imagebench-gpu"  # the work pool of prefect.yaml
+TAGS = ["imagebench"]
+
+NIGHTLY_DESCRIPTION = (
+    "Score every model in the object store that is new, or whose objects changed, since it was "
+    "scored against the current suite, reference and scorer; for unchanged models request only "
+    "verdicts still missing. Runs on a cron schedule with an explicit time zone."
+)
+BACKFILL_DESCRIPTION = (
+    "Backfill: score one model now (ingest, HPSv3, judges, EPS / Capability / Overall) and "
+    "refresh the catalog. Fill in model_id (the folder models/<model_id>/ in the object store); "
+    "leave the versions empty to use the ones configured on the machine that runs it. "
+    "From a terminal: imagebench backfill --model M [--rejudge] [--wait]."
+)
+
+# Shown under each field of the UI's "Run" form (the flow's docstring has no Args section).
+PARAMETER_DOCS: dict[str, str] = {
+    "model_id": "Model to score: its images are models/<model_id>/<prompt_id>.<ext> in the object store.",
+    "rejudge": "Ask the judges again even where a verdict with the same identity is already in the lake.",
+    "suite_version": "Prompt suite version (suite-<v>.jsonl); empty: IMAGEBENCH_SUITE_VERSION of the worker.",
+    "reference_version": (
+        "Frozen EPS reference version (eps-reference-<v>.json); empty: IMAGEBENCH_REFERENCE_VERSION of the worker."
+    ),
+    "scorer_name": (
+        "Empty: run HPSv3. A name: aggregate scores imported under that name (imagebench import-scores) "
+        "instead; nothing is ingested or inferred."
+    ),
+}
+
+
+def nightly_cron() -> str:
+    return os.environ.get("IMAGEBENCH_NIGHTLY_CRON", DEFAULT_NIGHTLY_CRON)
+
+
+def nightly_timezone() -> str:
+    return os.environ.get("IMAGEBENCH_NIGHTLY_TZ", DEFAULT_NIGHTLY_TZ)
+
 
 def nightly_schedule() -> Cron:
-    return Cron(
-        os.environ.get("IMAGEBENCH_NIGHTLY_CRON", DEFAULT_NIGHTLY_CRON),
-        timezone=os.environ.get("IMAGEBENCH_NIGHTLY_TZ", DEFAULT_NIGHTLY_TZ),
-    )
+    return Cron(nightly_cron(), timezone=nightly_timezone())
+
+
+def _document_parameters(deployment) -> None:
+    """Add a description to each parameter of the deployment's schema that lacks one."""
+    properties = deployment._parameter_openapi_schema.properties
+    for name, text in PARAMETER_DOCS.items():
+        if name in properties:
+            properties[name].setdefault("description", text)
 
 
 def build_deployments() -> list:
-    return [
-        nightly_flow.to_deployment(name="nightly", schedule=nightly_schedule(), tags=["imagebench"]),
-        score_model_flow.to_deployment(name="backfill", tags=["imagebench"]),
-    ]
+    # Module-path entrypoints (flows.pipeline.<fn>): the package is installed, so a served run
+    # imports the flow whatever directory `imagebench serve` was started from.
+    nightly = nightly_flow.to_deployment(
+        name=NIGHTLY_NAME,
+        schedule=nightly_schedule(),
+        description=NIGHTLY_DESCRIPTION,
+        tags=[*TAGS, "nightly"],
+        entrypoint_type=EntrypointType.MODULE_PATH,
+    )
+    backfill = score_model_flow.to_deployment(
+        name=BACKFILL_NAME,
+        description=BACKFILL_DESCRIPTION,
+        tags=[*TAGS, "backfill"],
+        entrypoint_type=EntrypointType.MODULE_PATH,
+    )
+    _document_parameters(nightly)
+    _document_parameters(backfill)
+    return [nightly, backfill]
 
 
-def serve_deployments() -> None:
-    serve(*build_deployments())
+def serve_deployments(print_starting_message: bool = True, runner=None) -> None:
+    """Serve both deployments from this process until SIGTERM / Ctrl-C (Prefect's Runner).
+
+    ``runner``: a :class:`prefect.runner.Runner` to serve with (the caller keeps a handle on it,
+    e.g. to skip pausing the schedules when the server is gone); default: :func:`prefect.serve`.
+    """
+    if runner is None:
+        serve(*build_deployments(), print_starting_message=print_starting_message)
+        return
+    import asyncio
+
+    from prefect.exceptions import TerminationSignal
+
+    for deployment in build_deployments():
+        runner.add_deployment(deployment)
+    try:
+        asyncio.run(runner.start())
+    except (KeyboardInterrupt, TerminationSignal):
+        pass

@@ -1,0 +1,376 @@
+"""Production mode end to end: a real Prefect server on loopback, `imagebench serve` serving the
+deployments against it, `imagebench backfill --wait` running one model through the served
+`score-model/backfill` deployment; `prefect deploy --all` registering prefect.yaml's deployments
+for the `imagebench-gpu` work pool; and `imagebench serve --local-server` stopping its server on
+SIGTERM.
+
+Everything runs as a user runs it: separate processes talking HTTP over 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import os
+import re
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.flows.conftest import REPO, put_model
+
+pytestmark = pytest.mark.slow
+
+BIN = Path(sys.executable).parent
+MODEL = "m-backfill"
+NIGHTLY_CRON, NIGHTLY_TZ = "15 4 * * *", "Europe/Paris"
+
+
+# ---- helpers --------------------------------------------------------------------------------
+
+
+def _cmd(*args: str) -> list[str]:
+    exe = BIN / "imagebench"
+    return [str(exe), *args] if exe.exists() else [sys.executable, "-m", "flows.cli", *args]
+
+
+def _env(tmp_path: Path, api_url: str | None, **extra: str) -> dict[str, str]:
+    """The test's environment (IMAGEBENCH_* of the workspace included), pointed at ``api_url``."""
+    env = dict(os.environ)
+    env.pop("PREFECT_API_URL", None)
+    if api_url:
+        env["PREFECT_API_URL"] = api_url
+    env.update(
+        PREFECT_HOME=str(tmp_path / "prefect-client"),
+        PREFECT_SERVER_ANALYTICS_ENABLED="false",
+        PREFECT_LOGGING_LEVEL="WARNING",
+        PREFECT_RUNNER_POLL_FREQUENCY="1",  # pick a new backfill up within a second (default 10 s)
+        PYTHONUNBUFFERED="1",
+        **extra,
+    )
+    return env
+
+
+def _client(api_url: str):
+    """A sync Prefect client on ``api_url``, whatever this test process was configured with."""
+    from contextlib import ExitStack
+
+    from prefect.client.orchestration import get_client
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    stack = ExitStack()
+    stack.enter_context(temporary_settings(updates={PREFECT_API_URL: api_url}))
+    client = stack.enter_context(get_client(sync_client=True))
+    client._imagebench_stack = stack  # closed by _close()
+    return client
+
+
+def _close(client) -> None:
+    client._imagebench_stack.close()
+
+
+def _read_deployment(api_url: str, name: str):
+    from prefect.exceptions import ObjectNotFound
+
+    client = _client(api_url)
+    try:
+        return client.read_deployment_by_name(name)
+    except ObjectNotFound:
+        return None
+    finally:
+        _close(client)
+
+
+def _wait_for(predicate, timeout: float, what: str, proc: subprocess.Popen | None = None, log: Path | None = None):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            pytest.fail(f"process exited ({proc.returncode}) while waiting for {what}:\n{_tail(log)}")
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.5)
+    pytest.fail(f"timed out after {timeout:.0f} s waiting for {what}:\n{_tail(log)}")
+
+
+def _tail(log: Path | None, n: int = 60) -> str:
+    if log is None or not log.exists():
+        return ""
+    return "\n".join(log.read_text(errors="replace").splitlines()[-n:])
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+
+
+def _synthetic_reference(version: str) -> None:
+    """Reference ``version`` built by the tiny HPSv3 scorer's identity from a synthetic baseline
+    (mu = 0 on every EPS-eligible prompt): what the pipeline checks, without scoring a field."""
+    from schemas.settings import load_settings
+    from tasks import work
+    from tasks.reference import build_reference
+    from tasks.suite import load_suite
+
+    settings = load_settings()
+    suite = load_suite(settings.suite_path)
+    identity = work.scorer_identity(work.ScorerSpec.from_settings(settings))
+    rows = [{"model_id": "synthetic-base", "prompt_id": p, "mu": 0.0, "scorer_id": identity.scorer_id}
+            for p in suite.eligible_ids]
+    build_reference(version=version, baseline_models=["synthetic-base"], scores=rows, suite=suite,
+                    scorer=identity, reference_dir=settings.reference_dir, created_at=work.utcnow().isoformat())
+
+
+def _flow_signature_names(entrypoint: str) -> set[str]:
+    from prefect.flows import load_flow_from_entrypoint
+
+    flow = load_flow_from_entrypoint(str(REPO / entrypoint))
+    return set(inspect.signature(flow.fn).parameters)
+
+
+# ---- fixtures -------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module", autouse=True)
+def prefect_server(tmp_path_factory):
+    """One real `prefect server start` on a free loopback port for this module (flows/server.py).
+
+    Started without waiting, at the module's first test: its database migrations (~20 s on a
+    fresh home) overlap the tests that do not need it; `_ready` waits for `/api/health`.
+    """
+    from flows.server import LocalServer, free_port
+
+    server = LocalServer(host="127.0.0.1", port=free_port(), home=tmp_path_factory.mktemp("prefect-server-home"))
+    server.start(wait=False)
+    try:
+        yield server
+    finally:
+        server.stop()
+    assert not server.running()
+
+
+def _ready(server):
+    if server.started_in_s is None:
+        server.wait_healthy()
+        print(f"\n[prefect] server {server.url} ready in {server.started_in_s:.1f}s")
+    return server
+
+
+# ---- prefect.yaml, statically -----------------------------------------------------------------
+
+
+def test_prefect_yaml_matches_the_flows_and_deployments_py():
+    from flows import deployments
+
+    doc = yaml.safe_load((REPO / "prefect.yaml").read_text())
+    assert not doc.get("build") and not doc.get("push")
+    # No pull step that downloads: workers run their own checkout.
+    assert [list(step) for step in doc["pull"]] == [["prefect.deployments.steps.set_working_directory"]]
+    by_name = {d["name"]: d for d in doc["deployments"]}
+    assert set(by_name) == {"nightly", "backfill"}
+    expected = {"nightly": "flows/pipeline.py:nightly_flow", "backfill": "flows/pipeline.py:score_model_flow"}
+    for name, d in by_name.items():
+        assert d["entrypoint"] == expected[name]
+        assert d["work_pool"]["name"] == deployments.WORK_POOL == "imagebench-gpu"
+        assert d["work_pool"]["job_variables"]["env"]["IMAGEBENCH_DEVICE"] == "cuda"
+        assert "imagebench" in d["tags"]
+        names = _flow_signature_names(d["entrypoint"])
+        assert set(d.get("parameters") or {}) <= names, (name, d.get("parameters"), names)
+    assert {"model_id", "rejudge", "suite_version", "reference_version", "scorer_name"} <= _flow_signature_names(
+        by_name["backfill"]["entrypoint"])
+    assert set(deployments.PARAMETER_DOCS) <= _flow_signature_names(by_name["backfill"]["entrypoint"])
+    (sched,) = by_name["nightly"]["schedules"]
+    assert sched["cron"] == deployments.DEFAULT_NIGHTLY_CRON and sched["timezone"] == deployments.DEFAULT_NIGHTLY_TZ
+    assert not by_name["backfill"]["schedules"]
+    # The names `imagebench backfill` asks the server for are the ones deployed.
+    from flows.cli import BACKFILL_DEPLOYMENT
+
+    assert BACKFILL_DEPLOYMENT == deployments.BACKFILL_DEPLOYMENT == "score-model/backfill"
+    assert deployments.NIGHTLY_DEPLOYMENT == "nightly/nightly"
+
+
+def test_backfill_validates_before_anything(workspace, monkeypatch):
+    from typer.testing import CliRunner
+
+    from flows.cli import app
+
+    monkeypatch.setenv("PREFECT_API_URL", "http://127.0.0.1:9/api")  # never contacted
+    for args in (["--model", "../etc"], ["--model", "ok", "--reference-version", "../x"]):
+        r = CliRunner().invoke(app, ["backfill", *args], catch_exceptions=False)
+        assert r.exit_code == 1, r.output
+        assert ("../etc" if "../etc" in args else "../x") in r.output
+        assert "127.0.0.1:9" not in r.output
+
+
+# ---- the real server --------------------------------------------------------------------------
+
+
+def test_backfill_through_served_deployment(prefect_server, workspace, tmp_path, monkeypatch):
+    """`imagebench serve` against a real server; `imagebench backfill --wait` scores a model there."""
+    from typer.testing import CliRunner
+
+    from flows.cli import app
+    from schemas.settings import load_settings
+    from tasks.lake import Lake
+    from tasks.suite import load_suite
+
+    api = _ready(prefect_server).api_url
+    monkeypatch.setenv("IMAGEBENCH_BOOTSTRAP_RESAMPLES", "200")
+
+    # Before anything is served: a clear error, pointing at `make serve`.
+    monkeypatch.setenv("PREFECT_API_URL", api)
+    monkeypatch.setenv("PREFECT_HOME", str(tmp_path / "prefect-client"))
+    r = CliRunner().invoke(app, ["backfill", "--model", MODEL], catch_exceptions=False)
+    said = " ".join(r.output.split())
+    assert r.exit_code == 1 and "no deployment 'score-model/backfill'" in said and "`make serve`" in said, r.output
+
+    log = tmp_path / "serve.log"
+    env = _env(tmp_path, api, IMAGEBENCH_NIGHTLY_CRON=NIGHTLY_CRON, IMAGEBENCH_NIGHTLY_TZ=NIGHTLY_TZ)
+    with open(log, "wb") as out:
+        serve = subprocess.Popen(_cmd("serve"), cwd=tmp_path, env=env, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        # While `serve` starts: the frozen reference t1 and the model's images.
+        _synthetic_reference("t1")
+        settings = load_settings()
+        eligible = list(load_suite(settings.suite_path).eligible_ids)
+        put_model(workspace / "objects", MODEL, eligible[:6], seed=3)
+        _wait_for(lambda: _read_deployment(api, "score-model/backfill"), 120, "the served deployments", serve, log)
+        t0 = time.monotonic()
+        done = subprocess.run(_cmd("backfill", "--model", MODEL, "--wait", "--format", "json"), cwd=tmp_path,
+                              env=env, capture_output=True, text=True, timeout=240)
+        print(f"[prefect] backfill --wait took {time.monotonic() - t0:.1f}s\n{done.stderr}")
+        assert done.returncode == 0, done.stdout + done.stderr + _tail(log)
+        assert f"production mode: Prefect server at {api}" in done.stderr
+        flow_run_id = re.search(r"flow run \S+ \(([0-9a-f-]{36})\)", done.stderr).group(1)
+        assert "Completed" in done.stderr
+        (row,) = json.loads(done.stdout[done.stdout.index("["):])
+        assert row["model_id"] == MODEL and row["eps_prompts_scored"] == 6
+
+        # The lake has the model's scores, written by that flow run.
+        (scores,) = [r for r in Lake(settings.lake_dir).read("model_scores", [MODEL]).to_pylist()
+                     if r["run_id"] == flow_run_id]
+        assert scores["eps"] == pytest.approx(row["eps"]) and scores["reference_version"] == "t1"
+        client = _client(api)
+        try:
+            flow_run = client.read_flow_run(flow_run_id)
+            assert flow_run.state.is_completed()
+            print(f"[prefect] run created -> started {(flow_run.start_time - flow_run.created).total_seconds():.1f}s, "
+                  f"ran {flow_run.total_run_time.total_seconds():.1f}s")
+            assert flow_run.parameters == {"model_id": MODEL, "rejudge": False}
+        finally:
+            _close(client)
+
+        # The nightly deployment: a cron schedule with its explicit time zone.
+        nightly = _read_deployment(api, "nightly/nightly")
+        (schedule,) = nightly.schedules
+        assert schedule.schedule.cron == NIGHTLY_CRON and schedule.schedule.timezone == NIGHTLY_TZ
+        backfill = _read_deployment(api, "score-model/backfill")
+        assert not backfill.schedules
+        props = backfill.parameter_openapi_schema["properties"]
+        assert backfill.parameter_openapi_schema["required"] == ["model_id"]
+        assert all(props[p].get("description") for p in ("model_id", "rejudge", "suite_version", "reference_version"))
+        assert "model_id" in (backfill.description or "")
+    finally:
+        _stop(serve)
+    assert serve.returncode == 0, _tail(log)
+
+
+def test_prefect_yaml_deploys_to_the_work_pool(prefect_server, tmp_path):
+    """`prefect --no-prompt deploy --all` registers both deployments of prefect.yaml, offline."""
+    from flows.deployments import DEFAULT_NIGHTLY_CRON, DEFAULT_NIGHTLY_TZ
+
+    api = _ready(prefect_server).api_url
+    env = _env(tmp_path, api, IMAGEBENCH_HOME="/srv/imagebench/data", IMAGEBENCH_STORE="s3://bench/images",
+               IMAGEBENCH_S3_ENDPOINT="")
+    prefect = [str(BIN / "prefect")] if (BIN / "prefect").exists() else [sys.executable, "-m", "prefect"]
+    pool = subprocess.run([*prefect, "work-pool", "create", "imagebench-gpu", "--type", "process"], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert pool.returncode == 0, pool.stdout + pool.stderr
+    before = (REPO / "prefect.yaml").read_bytes()
+    dep = subprocess.run([*prefect, "--no-prompt", "deploy", "--all"], cwd=REPO, env=env, capture_output=True,
+                         text=True, timeout=180)
+    assert dep.returncode == 0, dep.stdout + dep.stderr
+    assert (REPO / "prefect.yaml").read_bytes() == before  # deploy does not rewrite the file
+
+    nightly = _read_deployment(api, "nightly/nightly")
+    backfill = _read_deployment(api, "score-model/backfill")
+    for d in (nightly, backfill):
+        assert d.work_pool_name == "imagebench-gpu"
+        assert d.pull_steps == [
+            {"prefect.deployments.steps.set_working_directory": {"directory": "{{ $IMAGEBENCH_CHECKOUT }}"}}
+        ]
+        assert d.job_variables["env"] == {
+            "IMAGEBENCH_HOME": "/srv/imagebench/data", "IMAGEBENCH_STORE": "s3://bench/images",
+            "IMAGEBENCH_S3_ENDPOINT": "", "IMAGEBENCH_DEVICE": "cuda",
+        }
+        assert "imagebench" in d.tags and d.enforce_parameter_schema
+    assert nightly.entrypoint == "flows/pipeline.py:nightly_flow"
+    assert backfill.entrypoint == "flows/pipeline.py:score_model_flow"
+    (schedule,) = nightly.schedules
+    assert schedule.schedule.cron == DEFAULT_NIGHTLY_CRON and schedule.schedule.timezone == DEFAULT_NIGHTLY_TZ
+    assert schedule.active
+    assert not backfill.schedules
+    assert backfill.parameter_openapi_schema["required"] == ["model_id"]
+    assert set(backfill.parameter_openapi_schema["properties"]) == {
+        "model_id", "rejudge", "suite_version", "reference_version", "scorer_name"}
+
+
+def test_local_server_stops_on_sigterm(prefect_server, workspace, tmp_path):
+    """`imagebench serve --local-server` (what `make serve` runs): its own server in the workspace,
+    the deployments served on it, and SIGTERM stops both, leaving no server behind."""
+    import psutil
+
+    from flows.server import API_URL_FILE, api_healthy, free_port, recorded_api_url
+
+    _ready(prefect_server)
+    port = free_port()
+    home = workspace / "prefect-server"
+    home.mkdir(parents=True)
+    # Test speed only: start from a consistent copy of the module server's database, whose
+    # migrations are done (a fresh database spends ~15 s migrating on a 2-core machine).
+    with sqlite3.connect(prefect_server.home / "prefect.db") as src, sqlite3.connect(home / "prefect.db") as dst:
+        src.backup(dst)
+    # PREFECT_API_URL already set: --local-server says so and uses its own server.
+    env = _env(tmp_path, "http://127.0.0.1:9/api", IMAGEBENCH_PREFECT_PORT=str(port))
+    log = tmp_path / "serve-local.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(_cmd("serve", "--local-server"), cwd=tmp_path, env=env, stdout=out,
+                                stderr=subprocess.STDOUT)
+    started = datetime.now(timezone.utc)
+    try:
+        api = f"http://127.0.0.1:{port}/api"
+
+        def served():  # registered by this `serve` (module entrypoint) and polled by its runner
+            d = _read_deployment(api, "score-model/backfill") if api_healthy(api) else None
+            return (d is not None and d.entrypoint == "flows.pipeline.score_model_flow"
+                    and d.last_polled is not None and d.last_polled > started)
+
+        _wait_for(served, 120, "the local server and the served deployments", proc, log)
+        assert recorded_api_url(workspace) == api  # how `imagebench backfill` finds it
+        text = log.read_text()
+        assert "PREFECT_API_URL=http://127.0.0.1:9/api is set, but --local-server" in text
+        assert f"UI:        http://127.0.0.1:{port}" in text and "imagebench backfill --model M" in text
+        servers = [p for p in psutil.Process(proc.pid).children(recursive=True)
+                   if "server" in p.cmdline() and "start" in p.cmdline()]
+        assert len(servers) == 1, [p.cmdline() for p in psutil.Process(proc.pid).children(recursive=True)]
+        assert str(home.resolve()) == servers[0].environ()["PREFECT_HOME"]
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0, _tail(log)
+    finally:
+        _stop(proc)
+    assert not api_healthy(api)
+    assert not servers[0].is_running() or servers[0].status() == psutil.STATUS_ZOMBIE
+    assert not (home / API_URL_FILE).exists()
+    assert "Prefect server stopped" in log.read_text()
