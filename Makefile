@@ -52,4 +52,4 @@ bench: setup
 	$(PY) bench/run_bench.py
 
 clean-demo:
-	rm -rf data/objects data/lake data/images data/staging data/reference data/demo-model data/imagebench.duckdb data/prefect
+	rm -rf data/objects data/lake data/images data/staging data/reference data/demo-model data/imagebench.duckdb data/prefect data/prefect-server data/locks

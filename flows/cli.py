@@ -660,6 +660,31 @@ def leaderboard(
                 err.print("[yellow]complete=False: missing or quarantined images counted as losses[/]")
 
 
+RUNS_TABLE_COLUMNS = (
+    "run_id", "flow", "status", "started_at", "total_s", "models_new", "models_incremental",
+    "models_replaced", "models_errored", "models_busy", "hps_images_scored", "verdicts_decided", "errors",
+)
+
+
+@app.command()
+def runs(
+    limit: Annotated[int, typer.Option("--limit", "-n", min=1, help="how many runs, newest first")] = 10,
+    fmt: Annotated[OutputFormat, typer.Option("--format")] = OutputFormat.table,
+) -> None:
+    """The latest run records: what each run discovered, scored, skipped and errored, and how
+    long each stage took (every column with --format json|csv)."""
+    with _user_errors():
+        settings = _settings()
+        from tasks.lake import Lake
+
+        table = Lake(settings.lake_dir).read_runs().sort_by([("started_at", "descending")]).slice(0, limit)
+        names = list(RUNS_TABLE_COLUMNS) if fmt is OutputFormat.table else table.column_names
+        rows = [tuple(r[c] for c in names) for r in table.select(names).to_pylist()]
+        render(names, rows, fmt, title="imagebench runs")
+        if fmt is OutputFormat.table and any(r[names.index("status")] == "failed" for r in rows):
+            err.print("[red]failed runs: see their errors (imagebench runs --format json)[/]")
+
+
 @app.command()
 def sql(
     query_text: Annotated[str, typer.Argument(metavar="QUERY", help="SQL over the catalog's views (read-only)")],

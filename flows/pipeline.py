@@ -357,6 +357,13 @@ def score_model_flow(
     ``scorer_name`` (scores imported under that name) nothing is ingested or inferred: the
     model's imported scores are aggregated against the reference built for that scorer.
     A second run of the same model waits IMAGEBENCH_MODEL_LOCK_WAIT_S, then refuses.
+
+    Args:
+        model_id: the model's folder under models/ in the object store.
+        scorer_name: aggregate scores imported under this scorer name instead of running HPSv3.
+        rejudge: ask the judges again even where a verdict exists.
+        suite_version: prompt suite to score against (default: IMAGEBENCH_SUITE_VERSION).
+        reference_version: frozen EPS reference to use (default: IMAGEBENCH_REFERENCE_VERSION).
     """
     from tasks.storage import validate_model_id
 
@@ -400,7 +407,11 @@ def nightly_flow(rejudge: bool = False) -> dict:
     """Score every model of the object store that has no complete result under the current
     suite, reference and scorer for its current images (by content hash); new images of a known
     model are scored incrementally, a model whose images changed is re-scored whole. Models that
-    are up to date only get verdicts still missing. One model's failure does not stop the others."""
+    are up to date only get verdicts still missing. One model's failure does not stop the others.
+
+    Args:
+        rejudge: ask the judges again even where a verdict exists.
+    """
     logger = get_run_logger()
     settings = load_settings()
     record = _start_run("nightly", settings, {"rejudge": rejudge})

@@ -28,15 +28,16 @@ def _lake_snapshot(home: Path) -> dict:
 
 
 def test_light_commands_import_no_heavy_packages(tmp_path):
-    """`sql` and `leaderboard` must not import torch, Prefect or Great Expectations."""
+    """`sql`, `leaderboard` and `runs` must not import torch, Prefect or Great Expectations."""
     code = (
         "import sys\n"
         "from typer.testing import CliRunner\n"
         "from flows.cli import app\n"
         "r = CliRunner().invoke(app, ['sql', 'SELECT 42 AS answer', '--format', 'json'])\n"
         "r2 = CliRunner().invoke(app, ['leaderboard', '--format', 'json'])\n"
+        "r3 = CliRunner().invoke(app, ['runs', '--format', 'json'])\n"
         "heavy = [m for m in ('torch', 'prefect', 'great_expectations', 'transformers') if m in sys.modules]\n"
-        "print(r.exit_code, r2.exit_code, heavy)\n"
+        "print(r.exit_code, r2.exit_code + r3.exit_code, heavy)\n"
         "print(r.output)\n"
     )
     # A catalog with nothing in it yet: build it with the library (not timed, not the CLI).

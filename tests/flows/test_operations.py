@@ -185,8 +185,19 @@ def test_corrupt_lake_file_is_detected_set_aside_reported_and_recomputed(built_r
     assert "base-a" in record["models_new"]
     _, rows = query(settings.catalog_path, "SELECT count(*) FROM leaderboard WHERE model_id = 'base-a'")
     assert rows == [(1,)]
-    # The next night is clean again.
+    # The next night is clean again; `imagebench runs` shows both.
     assert nightly_flow()["corrupt_files"] == []
+    import json
+
+    from typer.testing import CliRunner
+
+    from flows.cli import app
+
+    shown = CliRunner().invoke(app, ["runs", "--limit", "2", "--format", "json"])
+    assert shown.exit_code == 0, shown.output
+    latest, previous = json.loads(shown.output)
+    assert (latest["status"], previous["status"]) == ("completed", "failed")
+    assert str(victim) in previous["corrupt_files"][0]
 
 
 # ---- disk full on the workspace ---------------------------------------------------------------
