@@ -33,6 +33,7 @@ from tasks.runrecord import RunRecord
 from tasks.suite import Suite
 
 GPU_TAG = "gpu"
+MODELS_PER_WAVE = 64  # models whose ingest/HPSv3/judging overlap in one nightly wave
 
 
 # ---- thin task wrappers ---------------------------------------------------------------------
@@ -190,19 +191,23 @@ def _finish_run(settings: Settings, record: RunRecord, error: BaseException | No
     return row
 
 
-def set_aside_corrupt(run: Run, model_ids: list[str] | None = None, full: bool = False) -> None:
+def set_aside_corrupt(run: Run, model_ids: list[str] | None = None, full: bool = False) -> set[str]:
     """Detect unreadable partition files, move each to <lake>/_corrupt/ (kept for inspection)
-    and record it: the affected models have no partition any more, so this run (or the next)
-    recomputes them from their images. Never a silent drop: each shows in the run record."""
+    and record it. Returns the affected models: their rows in that table are gone, so the run
+    must ingest them again (whatever is missing is then recomputed from their images). Never a
+    silent drop: each file shows in the run record."""
     from tasks.lake import Lake
 
     lake = Lake(run.settings.lake_dir)
     logger = get_run_logger()
+    affected = set()
     for table, model_id, path, detail in lake.find_corrupt(model_ids, full=full):
         dest = lake.set_aside(table, model_id, f"{detail} (run {run.run_id})")
         note = f"{path} ({table}, model {model_id}): {detail} -> moved to {dest}"
         logger.error("corrupt lake file: %s", note)
         run.record.corrupt(note)
+        affected.add(model_id)
+    return affected
 
 
 def _submit_judging(run: Run, model_id: str) -> list:
@@ -422,22 +427,27 @@ def nightly_flow(rejudge: bool = False) -> dict:
         reference = work.load_verified_reference(settings, suite, identity.scorer_id)
         record.scorer_id = identity.scorer_id
         run = Run(settings, suite, reference, record, spec, work.load_judge_setup(settings), rejudge)
-        set_aside_corrupt(run)  # before discovery: a model whose result file was corrupt is rescored
+        recover = set_aside_corrupt(run)  # models that lost a partition: ingested again below
         plans = work.discover_models(settings, suite, reference)
         for p in plans:
             if p.status == "invalid":
                 logger.error("skipping object-store folder %r: %s", p.model_id, p.detail)
                 record.mark(p.model_id, "invalid")
-            elif p.status == "up_to_date":
+            elif p.status == "up_to_date" and p.model_id not in recover:
                 record.mark(p.model_id, "up_to_date")
-        todo = [p.model_id for p in plans if p.status == "candidate"]
+        todo = [p.model_id for p in plans if p.status == "candidate" or (p.status == "up_to_date" and p.model_id in recover)]
         logger.info("nightly: %d models in store, %d to ingest", len(plans), len(todo))
         rows: list[dict] = []
         if todo:
             ensure_gpu_limit(settings.gpu_concurrency)
-            rows = _score_models(run, todo)
-        up_to_date = [p.model_id for p in plans if p.status == "up_to_date"]
-        rejudged = _judge_only(run, up_to_date) if up_to_date else []
+            # In waves: each model holds a lock file from its ingest to its commit, and a wave
+            # bounds the open files and the futures in flight (1,000 models would exceed ulimit -n).
+            for i in range(0, len(todo), MODELS_PER_WAVE):
+                rows += _score_models(run, todo[i : i + MODELS_PER_WAVE])
+        up_to_date = [p.model_id for p in plans if p.status == "up_to_date" and p.model_id not in recover]
+        rejudged = []
+        for i in range(0, len(up_to_date), MODELS_PER_WAVE):
+            rejudged += _judge_only(run, up_to_date[i : i + MODELS_PER_WAVE])
         _refresh(run)
     except BaseException as exc:
         _finish_run(settings, record, exc)

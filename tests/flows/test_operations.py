@@ -139,10 +139,16 @@ def test_second_backfill_of_the_same_model_refuses_then_waits(built_reference, m
         assert not (home / "lake" / "images" / "model_id=contested").exists()
         refused = _runs(load_settings())[-1]
         assert refused["status"] == "failed" and "other-backfill-run" in refused["error"]
-        # The nightly skips it (and says so) but scores the rest.
+        # The nightly skips it (and says so) but scores the rest; a folder whose name is not a
+        # model id is skipped and reported too.
+        (objects / "models" / "bad name").mkdir()
+        (objects / "models" / "bad name" / "x.png").write_bytes(b"anything")
         summary = nightly_flow()
         assert summary["busy"] == ["contested"] and "contested" not in summary["scored"]
-        assert _runs(load_settings())[-1]["models_busy"] == ["contested"]
+        assert list(summary["invalid"]) == ["bad name"] and "base-a" in summary["scored"]
+        record = _runs(load_settings())[-1]
+        assert record["models_busy"] == ["contested"] and record["models_invalid"] == ["bad name"]
+        assert record["status"] == "completed"
         # With a wait, the second backfill starts as soon as the first is done.
         monkeypatch.setenv("IMAGEBENCH_MODEL_LOCK_WAIT_S", "120")
         threading_release = __import__("threading").Timer(3.0, release.set)
@@ -182,7 +188,7 @@ def test_corrupt_lake_file_is_detected_set_aside_reported_and_recomputed(built_r
     # Recomputed from the model's images in the same run: the same scores as before.
     after = {r["prompt_id"]: r["mu"] for r in lake.read("hps_scores", ["base-a"]).to_pylist()}
     assert after == pytest.approx(before, abs=1e-12) and set(after) == set(before)
-    assert "base-a" in record["models_new"]
+    assert "base-a" in record["models_unchanged"] and record["hps_images_scored"] == 165
     _, rows = query(settings.catalog_path, "SELECT count(*) FROM leaderboard WHERE model_id = 'base-a'")
     assert rows == [(1,)]
     # The next night is clean again; `imagebench runs` shows both.
