@@ -56,7 +56,9 @@ def _user_errors():
     except _expected_errors() as exc:
         if os.environ.get("IMAGEBENCH_DEBUG"):
             raise
-        err.print(f"[bold red]error:[/] {type(exc).__name__}: {exc}", highlight=False, markup=True)
+        from rich.markup import escape
+
+        err.print(f"[bold red]error:[/] {escape(f'{type(exc).__name__}: {exc}')}", highlight=False, markup=True)
         raise typer.Exit(1) from None
 
 

@@ -481,6 +481,9 @@ def reference_build_flow(version: str, baseline_models: list[str], scorer_name: 
     from tasks.reference import build_reference
     from tasks.storage import validate_model_id
 
+    from tasks.reference import reference_filename
+
+    reference_filename(version)  # validates the version (it becomes a file name) before any work
     settings = load_settings()
     for m in baseline_models:
         validate_model_id(m)

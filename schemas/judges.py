@@ -78,7 +78,7 @@ class JudgesConfig(BaseModel):
     @field_validator("judges")
     @classmethod
     def _names(cls, judges: dict[str, Endpoint]) -> dict[str, Endpoint]:
-        bad = [n for n in judges if not JUDGE_NAME_RE.match(n)]
+        bad = [n for n in judges if not JUDGE_NAME_RE.fullmatch(n)]
         if bad:
             raise ValueError(f"invalid judge names {bad}: use {JUDGE_NAME_RE.pattern}")
         return judges

@@ -53,7 +53,7 @@ class Prompt(BaseModel):
     @field_validator("prompt_id")
     @classmethod
     def _id_shape(cls, v: str) -> str:
-        if not PROMPT_ID_RE.match(v):
+        if not PROMPT_ID_RE.fullmatch(v):
             raise ValueError(f"prompt_id {v!r} must match {PROMPT_ID_RE.pattern}")
         return v
 

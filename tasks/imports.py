@@ -124,7 +124,7 @@ def parse_scores(path: Path, suite: Suite) -> dict[str, list[dict]]:
         sigma = _float(cols["sigma"][i], path, row, "sigma", problems) if "sigma" in cols else None
         sha = cols["image_sha256"][i] if "image_sha256" in cols else None
         sha = str(sha).strip().lower() if sha not in (None, "") else None
-        if sha is not None and not SHA256_RE.match(sha):
+        if sha is not None and not SHA256_RE.fullmatch(sha):
             problems.append(f"{path}: row {row}: image_sha256 {sha!r} is not a sha256 hex digest")
             continue
         by_model.setdefault(model_id, []).append(
@@ -140,7 +140,8 @@ def import_scores_file(settings: Settings, suite: Suite, path: Path, scorer_name
     from tasks.reference import ReferenceError as RefError
     from tasks.validation import require_valid
 
-    if not SCORER_NAME_RE.match(scorer_name) or scorer_name in RESERVED_SCORERS:
+    # fullmatch: re.match with "$" would accept a trailing newline ("lab-x\n").
+    if not isinstance(scorer_name, str) or not SCORER_NAME_RE.fullmatch(scorer_name) or scorer_name in RESERVED_SCORERS:
         raise ScoresFileError(
             f"--scorer {scorer_name!r}: use a name of letters, digits, '.', '_' or '-', other than "
             f"{RESERVED_SCORERS} (reserved for scores computed here)"
@@ -225,7 +226,7 @@ def parse_verdicts(path: Path, suite: Suite) -> dict[str, list[dict]]:
         if verdict not in IMPORTABLE_VERDICTS:
             problems.append(f"{path}: row {row}: verdict {cols['verdict'][i]!r} is not one of {list(IMPORTABLE_VERDICTS)}")
             continue
-        if not SCORER_NAME_RE.match(judge):
+        if not SCORER_NAME_RE.fullmatch(judge):
             problems.append(f"{path}: row {row}: judge {judge!r} is not a valid judge name")
             continue
         key = (model_id, prompt_id)

@@ -547,6 +547,25 @@ def refresh_catalog(
 _READ_STATEMENTS = frozenset({duckdb.StatementType.SELECT, duckdb.StatementType.EXPLAIN})
 
 
+def _explained(sql: str) -> str:
+    """The statement after ``EXPLAIN [ANALYZE] [(options)]``; parentheses are counted on operator
+    tokens only (never inside strings or comments)."""
+    toks = duckdb.tokenize(sql)
+    op = duckdb.token_type.operator
+    i = 1  # toks[0] is EXPLAIN
+    if i < len(toks) and sql[toks[i][0]:].upper().startswith(("ANALYZE", "ANALYSE")):
+        i += 1
+    if i < len(toks) and toks[i][1] == op and sql[toks[i][0]] == "(":
+        depth = 0
+        while i < len(toks):
+            if toks[i][1] == op:
+                depth += {"(": 1, ")": -1}.get(sql[toks[i][0]], 0)
+            i += 1
+            if depth == 0:
+                break
+    return sql[toks[i][0]:] if i < len(toks) else ""
+
+
 class ReadOnlyConnection:
     """A DuckDB connection to the catalog that only runs queries.
 
@@ -564,10 +583,11 @@ class ReadOnlyConnection:
         self.catalog_path = catalog_path
         self.lake_dir = lake_dir
 
-    @staticmethod
-    def check(sql: str) -> None:
+    def check(self, sql: str) -> None:
+        # Parse on this connection (no file access): DuckDB's parser expands IMPORT DATABASE by
+        # reading <dir>/schema.sql, which the default connection would do anywhere on disk.
         try:
-            statements = duckdb.extract_statements(sql)
+            statements = self._con.extract_statements(sql)
         except duckdb.Error as exc:
             raise duckdb.ParserException(str(exc)) from exc
         if not statements:
@@ -579,6 +599,12 @@ class ReadOnlyConnection:
                     f"read-only catalog: {kind} statements are not allowed, only queries "
                     f"(SELECT, WITH, FROM, DESCRIBE, SHOW, SUMMARIZE, EXPLAIN): {st.query.strip()[:80]!r}"
                 )
+            if st.type == duckdb.StatementType.EXPLAIN:
+                # EXPLAIN ANALYZE runs the statement it explains: it must be a query too.
+                inner = _explained(st.query)
+                if not inner.strip():
+                    raise ReadOnlyViolation(f"read-only catalog: cannot tell what {st.query.strip()[:80]!r} explains")
+                self.check(inner)
 
     def execute(self, sql: str, parameters: Sequence[Any] | dict[str, Any] | None = None) -> duckdb.DuckDBPyConnection:
         """Run a query; returns DuckDB's cursor (``fetchall()``, ``description``, ``pl()``,

@@ -71,7 +71,7 @@ _PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
         r"\1\2" + MASK,
     ),
     (re.compile(rf"(?i)\b(bearer)\s+(?=[{_TOKEN_CHARS}]*[0-9._~+/=-])[{_TOKEN_CHARS}]{{8,}}"), r"\1 " + MASK),
-    (re.compile(r"(?i)\b(Credential=)[^/\s,\"']+"), r"\1" + MASK),
+    (re.compile(r"(?i)\b(Credential=)[^/\s,\"'&]+"), r"\1" + MASK),
     (
         re.compile(
             r"(?i)([?&](?:api[_-]?key|key|access[_-]?token|token|x-amz-credential|x-amz-signature|"
@@ -201,7 +201,9 @@ def _scrub_record(record: logging.LogRecord) -> None:
 
 
 def install_log_redaction() -> None:
-    """Scrub every log record at creation (idempotent; keeps any factory installed before)."""
+    """Scrub every log record at creation (idempotent; keeps any factory installed before).
+    Also registers the credential-named environment variables (:func:`register_env_secrets`)."""
+    register_env_secrets()
     with _lock:
         current = logging.getLogRecordFactory()
         if getattr(current, _FACTORY_MARK, False):

@@ -430,7 +430,7 @@ class S3Store(ObjectStore):
         return f"s3://{self.bucket}/{self.prefix}".rstrip("/") if self.prefix else f"s3://{self.bucket}"
 
     def _where(self) -> str:
-        return f"s3://{self.bucket}/{self.prefix} at endpoint {self.endpoint_url or 'AWS default'}"
+        return f"s3://{self.bucket}/{self.prefix} at endpoint {_redact(self.endpoint_url) if self.endpoint_url else 'AWS default'}"
 
     def _obj_uri(self, full_key: str) -> str:
         return f"s3://{self.bucket}/{full_key}"
@@ -441,7 +441,7 @@ class S3Store(ObjectStore):
         tl = self._calls
         counts = self.retry_counts
         lock = self._stats_lock
-        endpoint = self.endpoint_url or "AWS default"
+        endpoint = _redact(self.endpoint_url) if self.endpoint_url else "AWS default"  # no user:pass@ in errors
 
         def before_call(model=None, params=None, **_):
             tl.attempts, tl.causes = 0, []
@@ -505,7 +505,7 @@ class S3Store(ObjectStore):
             ResponseStreamingError,
         )
 
-        endpoint = self.endpoint_url or "AWS default"
+        endpoint = _redact(self.endpoint_url) if self.endpoint_url else "AWS default"  # no user:pass@ in errors
         target = self._obj_uri(key) if key is not None else f"s3://{self.bucket}/{self.prefix}"
 
         def tries(transient: bool) -> str:

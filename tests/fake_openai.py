@@ -3,7 +3,9 @@
 Runs a ``ThreadingHTTPServer`` on 127.0.0.1 (a free port) in a background thread. Each request
 to ``POST /v1/chat/completions`` is answered by ``responder(request) -> Reply``, which scripts the
 behaviour per request: a delay, an HTTP status (429 + Retry-After, 500...), a hang past the
-client's timeout, a malformed body, any answer text, another model name. ``GET /v1/models``
+client's timeout, a malformed body, any answer text, another model name, or an answer that echoes
+the request's headers (``Reply(echo_headers=True)``: in the error body, or in the answer text
+of a 200, as some real APIs and proxies do). ``GET /v1/models``
 lists the server's model. The server records every request (time, headers, JSON body) and the
 largest number of requests in flight at once.
 
@@ -32,6 +34,9 @@ class Reply:
     body: bytes | None = None  # raw body (e.g. malformed JSON); overrides text
     model: str | None = None  # the "model" field of the answer (default: the server's model)
     usage: dict[str, int] | None = field(default_factory=lambda: {"prompt_tokens": 321, "completion_tokens": 12})
+    # Echo the request headers (Authorization included): in the JSON error body when status !=
+    # 200, else on a line before the answer text (the verdict line stays last).
+    echo_headers: bool = False
 
 
 @dataclass
@@ -76,10 +81,13 @@ class FakeOpenAI:
         model: str = "fake-vlm",
         responder: Callable[[RecordedRequest], Reply] | None = None,
         api_key: str | None = None,
+        echo_headers_on_auth_failure: bool = False,
     ) -> None:
         self.model = model
         self.responder = responder or (lambda req: Reply())
         self.api_key = api_key
+        # With api_key set: the 401 body quotes the request's headers (the key that was refused).
+        self.echo_headers_on_auth_failure = echo_headers_on_auth_failure
         self.requests: list[RecordedRequest] = []
         self.in_flight = 0
         self.max_in_flight = 0
@@ -112,11 +120,18 @@ class FakeOpenAI:
                     return True
                 return self.headers.get("Authorization") == f"Bearer {fake.api_key}"
 
+            def _refuse(self) -> None:
+                error: dict[str, Any] = {"message": "invalid api key"}
+                if fake.echo_headers_on_auth_failure:
+                    error["message"] = f"invalid api key: {self.headers.get('Authorization')}"
+                    error["request_headers"] = dict(self.headers.items())
+                self._send(401, json.dumps({"error": error}).encode())
+
             def do_GET(self) -> None:  # noqa: N802
                 rec = fake._record(self, None)
                 try:
                     if not self._authorized():
-                        self._send(401, b'{"error": {"message": "invalid api key"}}')
+                        self._refuse()
                     elif self.path.rstrip("/").endswith("/models"):
                         self._send(
                             200,
@@ -140,7 +155,7 @@ class FakeOpenAI:
                         self._send(404, b'{"error": "not found"}')
                         return
                     if not self._authorized():
-                        self._send(401, b'{"error": {"message": "invalid api key"}}')
+                        self._refuse()
                         return
                     reply = fake.responder(rec)
                     if reply.hang_s is not None:
@@ -149,10 +164,15 @@ class FakeOpenAI:
                         return
                     if reply.delay_s:
                         fake._closing.wait(reply.delay_s)
+                    echoed = dict(self.headers.items()) if reply.echo_headers else None
                     if reply.body is not None:
                         payload = reply.body
                     elif reply.status != 200:
-                        payload = json.dumps({"error": {"message": f"scripted {reply.status}"}}).encode()
+                        error: dict[str, Any] = {"message": f"scripted {reply.status}"}
+                        if echoed is not None:
+                            error["message"] += f"; request headers: {echoed}"
+                            error["request_headers"] = echoed
+                        payload = json.dumps({"error": error}).encode()
                     else:
                         answer: dict[str, Any] = {
                             "id": f"chatcmpl-{len(fake.requests)}",
@@ -162,7 +182,13 @@ class FakeOpenAI:
                             "choices": [
                                 {
                                     "index": 0,
-                                    "message": {"role": "assistant", "content": reply.text},
+                                    "message": {
+                                        "role": "assistant",
+                                        "content": (
+                                            f"request headers: {json.dumps(echoed)}\n{reply.text}"
+                                            if echoed is not None else reply.text
+                                        ),
+                                    },
                                     "finish_reason": "stop",
                                 }
                             ],

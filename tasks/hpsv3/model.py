@@ -263,9 +263,12 @@ def expected_checkpoint_layout(model: HPSv3RewardModel) -> dict[str, tuple[int, 
     return layout
 
 
+SAFETENSORS_REQUIRED = "safetensors is required: only .safetensors checkpoints are accepted (never pickle)"
+
+
 def _require_safetensors(path: Path) -> None:
     if path.suffix != ".safetensors":
-        raise CheckpointLayoutError(f"{path}: only .safetensors checkpoints are accepted (never pickle)")
+        raise CheckpointLayoutError(f"{path}: {SAFETENSORS_REQUIRED}")
 
 
 def read_checkpoint_header(path: str | Path) -> dict[str, tuple[int, ...]]:
@@ -277,8 +280,8 @@ def read_checkpoint_header(path: str | Path) -> dict[str, tuple[int, ...]]:
     try:
         with safe_open(str(path), framework="pt", device="cpu") as f:
             return {key: tuple(f.get_slice(key).get_shape()) for key in f.keys()}
-    except Exception as exc:  # SafetensorError, OSError: not a readable safetensors file
-        raise CheckpointLayoutError(f"{path}: not a readable safetensors file ({exc})") from exc
+    except Exception as exc:  # SafetensorError, OSError: not a readable safetensors file (a pickle renamed?)
+        raise CheckpointLayoutError(f"{path}: not a readable safetensors file ({exc}); {SAFETENSORS_REQUIRED}") from exc
 
 
 def checkpoint_is_uncalibrated(path: str | Path) -> bool:
@@ -291,7 +294,7 @@ def checkpoint_is_uncalibrated(path: str | Path) -> bool:
         with safe_open(str(path), framework="pt", device="cpu") as f:
             metadata = f.metadata() or {}
     except Exception as exc:
-        raise CheckpointLayoutError(f"{path}: not a readable safetensors file ({exc})") from exc
+        raise CheckpointLayoutError(f"{path}: not a readable safetensors file ({exc}); {SAFETENSORS_REQUIRED}") from exc
     return metadata.get(UNCALIBRATED_METADATA_KEY, "").lower() == "true"
 
 

@@ -55,7 +55,7 @@ def parse_routing(data: Any, source: str = "<routing>") -> Routing:
         raise JudgesConfigError(f"{source}: invalid routing: {_pydantic_message(exc)}") from exc
     for category, route in routing.routes.items():
         for role, name in (("preferred", route.preferred), ("fallback", route.fallback)):
-            if name is not None and not JUDGE_NAME_RE.match(name):
+            if name is not None and not JUDGE_NAME_RE.fullmatch(name):
                 raise JudgesConfigError(
                     f"{source}: category {category!r}: {role} judge {name!r} is not a valid judge name ({JUDGE_NAME_RE.pattern})"
                 )

@@ -40,9 +40,9 @@ from .base import (
     JudgeUnavailable,
     json_excerpt,
     read_image,
-    redact,
-    register_secret,
 )
+from .base import register_secret as _register_router_secret
+from tasks.redact import install_log_redaction, redact, register_secret
 
 RETRYABLE_STATUS = frozenset({408, 409, 425, 429}) | frozenset(range(500, 600))
 
@@ -127,7 +127,9 @@ class OpenAIJudge(Judge):
             key = os.environ.get(endpoint.api_key_env)
             if key:
                 self._api_key = key
-                register_secret(key)
+                register_secret(key)  # tasks.redact: errors, answers and every log record
+                _register_router_secret(key)  # judges.base.redact: the router's rows
+                install_log_redaction()
             else:
                 self._key_problem = (
                     f"environment variable {endpoint.api_key_env} (api_key_env of judge '{name}') is not set"
@@ -264,7 +266,7 @@ class OpenAIJudge(Judge):
         if not same_model(self.endpoint.model, reported):
             raise JudgeModelMismatch(
                 f"judge '{self.name}' answers for another model: configured model '{self.endpoint.model}', "
-                f"endpoint {self.endpoint_label} answered as '{reported}'"
+                f"endpoint {self.endpoint_label} answered as '{redact(reported)}'"
             )
         return reported
 
@@ -290,7 +292,7 @@ class OpenAIJudge(Judge):
             raise
         usage = data.get("usage") if isinstance(data.get("usage"), dict) else {}
         return JudgeAnswer(
-            raw_text=text,
+            raw_text=redact(text),  # a server (or a prompt-injected model) may echo the request
             reported_model=reported,
             latency_s=latency,
             prompt_tokens=_int_or_none(usage.get("prompt_tokens")),
@@ -318,11 +320,11 @@ class OpenAIJudge(Judge):
                         reported_model=self.endpoint.model, ok=True, detail=f"served ({len(ids)} model(s) listed)"
                     )
                 else:
-                    shown = ", ".join(map(str, ids[:8])) + (" ..." if len(ids) > 8 else "")
+                    shown = redact(", ".join(map(str, ids[:8])) + (" ..." if len(ids) > 8 else ""))
                     out["detail"] = (
                         f"answers for another model: '{self.endpoint.model}' is not served here; serves [{shown}]"
                     )
-                    out["reported_model"] = ids[0] if len(ids) == 1 else None
+                    out["reported_model"] = redact(str(ids[0])) if len(ids) == 1 else None
                 return out
             if resp.status_code in (401, 403):
                 out["detail"] = (
@@ -351,7 +353,7 @@ class OpenAIJudge(Judge):
             self._check_status(resp)
             data, _ = self._read_completion(resp)
             reported = data.get("model")
-            out["reported_model"] = reported
+            out["reported_model"] = redact(str(reported)) if reported is not None else None
             self._check_model(reported)
             out.update(ok=True, detail="answered a 1-token request")
         except Exception as exc:  # JudgeError subclasses: report, never raise

@@ -43,7 +43,7 @@ def template_names() -> list[str]:
 @functools.lru_cache(maxsize=None)
 def load_template(name: str) -> Template:
     """``tasks/judges/templates/<name>.txt``; its sha256 is part of every verdict's identity."""
-    if not TEMPLATE_NAME_RE.match(name or ""):
+    if not TEMPLATE_NAME_RE.fullmatch(name or ""):
         raise ValueError(f"invalid judge template name {name!r}")
     path = resources.files(__package__) / "templates" / f"{name}.txt"
     if not path.is_file():

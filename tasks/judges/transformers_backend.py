@@ -98,7 +98,8 @@ def load_local_vlm(model: str, device: str = "auto", dtype: str = "auto") -> Loc
         min_pixels=vision.processor_min_pixels,
         max_pixels=max(vision.processor_min_pixels, min(vision.processor_max_pixels, JUDGE_MAX_PIXELS)),
     )
-    vlm = AutoModelForImageTextToText.from_pretrained(str(model_dir), dtype=dt).to(dev).eval()
+    # use_safetensors=True: weights from *.safetensors only, never a pickled pytorch_model.bin.
+    vlm = AutoModelForImageTextToText.from_pretrained(str(model_dir), dtype=dt, use_safetensors=True).to(dev).eval()
     torch.set_grad_enabled(False)
     return LocalVLM(vlm, tokenizer, chat_template, vision, dev, dt, str(model))
 
