@@ -682,6 +682,8 @@ def runs(
         table = Lake(settings.lake_dir).read_runs().sort_by([("started_at", "descending")]).slice(0, limit)
         names = list(RUNS_TABLE_COLUMNS) if fmt is OutputFormat.table else table.column_names
         rows = [tuple(r[c] for c in names) for r in table.select(names).to_pylist()]
+        if fmt is OutputFormat.table:  # lists of models as counts: the terminal stays readable
+            rows = [tuple((", ".join(v) if len(v) <= 2 else f"{len(v)}") if isinstance(v, list) else v for v in r) for r in rows]
         render(names, rows, fmt, title="imagebench runs")
         if fmt is OutputFormat.table and any(r[names.index("status")] == "failed" for r in rows):
             err.print("[red]failed runs: see their errors (imagebench runs --format json)[/]")
