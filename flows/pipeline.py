@@ -34,6 +34,7 @@ from tasks.suite import Suite
 
 GPU_TAG = "gpu"
 MODELS_PER_WAVE = 64  # models whose ingest/HPSv3/judging overlap in one nightly wave
+INGEST_AHEAD = 2  # ingests in flight ahead of the model being planned
 
 
 # ---- thin task wrappers ---------------------------------------------------------------------
@@ -54,7 +55,7 @@ def ingest_task(settings: Settings, suite: Suite, model_id: str) -> tuple[work.I
 
 @task(name="hpsv3-batch", tags=[GPU_TAG], cache_policy=NO_CACHE)
 def hps_batch_task(settings: Settings, suite: Suite, batch: work.HpsBatch, spec: work.ScorerSpec) -> tuple[Path, float]:
-    return _timed(work.score_hps_batch, settings, suite, batch, spec)
+    return work.score_hps_batch_timed(settings, suite, batch, spec)  # inference seconds, not device waits
 
 
 @task(name="judge-batch", cache_policy=NO_CACHE)
@@ -253,11 +254,24 @@ def _score_models(run: Run, model_ids: list[str], refuse_busy: bool = False) -> 
     rows: list[dict] = []
     with ExitStack() as locks:
         model_ids = _lock_models(run, locks, model_ids, refuse_busy)
-        ingests = {m: ingest_task.submit(settings, suite, m) for m in model_ids}
-        record.add(prefect_tasks=len(ingests))
+        # Ingest stays INGEST_AHEAD models ahead of planning: a model's HPSv3 batches queue right
+        # behind its ingest, so the device starts after the first model, not after all of them.
+        ingests: dict[str, object] = {}
+        waiting = list(model_ids)
+
+        def ingest_next() -> None:
+            if waiting:
+                m = waiting.pop(0)
+                ingests[m] = ingest_task.submit(settings, suite, m)
+                record.add(prefect_tasks=1)
+
+        for _ in range(INGEST_AHEAD):
+            ingest_next()
         batches: dict[str, list] = {}
         judging: dict[str, list] = {}
-        for model_id, fut in ingests.items():
+        for model_id in model_ids:
+            fut = ingests[model_id]
+            ingest_next()
             try:
                 summary, seconds = fut.result()
                 record.timed("ingest", seconds)

@@ -24,7 +24,7 @@ import contextlib
 import os
 from collections.abc import Iterator
 
-THREAD_WORKERS = 4
+THREAD_WORKERS = 8  # HPSv3 tasks waiting for the device hold a thread: leave room for ingest and judges
 KINDS = ("threads", "dask")
 DEFAULT_DASK_WORKERS = 2
 GPU_RESOURCE = "GPU"

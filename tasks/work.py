@@ -15,6 +15,7 @@ import hashlib
 import json
 import os
 import threading
+import time
 import uuid
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -298,10 +299,15 @@ def shard_exists(settings: Settings, batch: HpsBatch) -> bool:
 def score_hps_batch(settings: Settings, suite: Suite, batch: HpsBatch, spec: ScorerSpec) -> Path:
     """Score one batch with HPSv3 and write it as a staging shard. An existing shard (same
     images, same scorer: left by an interrupted run) is reused as it is."""
+    return score_hps_batch_timed(settings, suite, batch, spec)[0]
+
+
+def score_hps_batch_timed(settings: Settings, suite: Suite, batch: HpsBatch, spec: ScorerSpec) -> tuple[Path, float]:
+    """:func:`score_hps_batch`, and the seconds spent inferring (not waiting for the device)."""
     shard = _shard_path(settings, batch)
     if shard.exists():
         progress.advance(f"hpsv3 {batch.model_id}", 0, len(batch))
-        return shard
+        return shard, 0.0
     scorer = get_scorer(spec)
     identity = scorer.identity
     if identity.scorer_id != batch.scorer_id:
@@ -309,12 +315,14 @@ def score_hps_batch(settings: Settings, suite: Suite, batch: HpsBatch, spec: Sco
             f"scorer changed under the run: planned {batch.scorer_id}, loaded {identity.scorer_id}"
         )
     with _gpu_slots(settings.gpu_concurrency):
+        t0 = time.perf_counter()
         result = scorer.score(
             [it.image_path for it in batch.items],
             [it.prompt for it in batch.items],
             batch_size=settings.batch_size,
             progress=lambda n: progress.advance(f"hpsv3 {batch.model_id}", 0, n),
         )
+        inference_s = time.perf_counter() - t0
     now = utcnow()
     n = len(batch)
     table = pa.Table.from_pydict(
@@ -335,7 +343,7 @@ def score_hps_batch(settings: Settings, suite: Suite, batch: HpsBatch, spec: Sco
         schema=lake_schemas.HPS_SCORES,
     )
     _write_parquet_atomic(table, shard)
-    return shard
+    return shard, inference_s
 
 
 def publish_hps_scores(settings: Settings, suite: Suite, model_id: str, scorer_id: str, shards: list[Path]) -> int:
@@ -657,11 +665,13 @@ class ModelPlan:
     detail: str = ""
 
 
-def _result_fingerprints(settings: Settings, suite: Suite, reference: ReferenceFile) -> dict[str, str | None]:
+def _result_fingerprints(
+    settings: Settings, suite: Suite, reference: ReferenceFile, model_ids: list[str] | None = None
+) -> dict[str, str | None]:
     """model -> content fingerprint its current result (suite, reference, scorer) was computed from."""
     from tasks.lake import Lake
 
-    scores = Lake(settings.lake_dir).read("model_scores")
+    scores = Lake(settings.lake_dir).read("model_scores", model_ids)
     out: dict[str, str | None] = {}
     for m, sv, rv, sid, fp in zip(
         scores["model_id"].to_pylist(),
@@ -712,7 +722,7 @@ def classify(settings: Settings, suite: Suite, reference: ReferenceFile, model_i
     schemas.lake.MODEL_DISPOSITIONS): "new", "incremental", "replaced" or "unchanged"."""
     from tasks.lake import Lake
 
-    recorded = _result_fingerprints(settings, suite, reference).get(model_id)
+    recorded = _result_fingerprints(settings, suite, reference, [model_id]).get(model_id)
     if recorded is None:
         return "new"
     staged = model_images(settings, model_id)
