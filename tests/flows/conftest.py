@@ -76,16 +76,22 @@ def put_model(objects: Path, model_id: str, prompt_ids, seed: int) -> None:
         (d / f"{pid}.png").write_bytes(image_bytes(seed * 10_000 + i))
 
 
-@pytest.fixture()
-def workspace(tmp_path, monkeypatch, tiny_model) -> Path:
-    """A fresh IMAGEBENCH_HOME with its own reference dir (suite copied and pinned)."""
+def use_workspace(
+    root: Path, monkeypatch, tiny_model, reference_from: Path | None = None, task_batch_size: int = 48
+) -> Path:
+    """Point IMAGEBENCH_* at ``root/home`` and ``root/reference`` (the suite and routing copied
+    and pinned, or a copy of ``reference_from``, an already built reference dir)."""
+    from tasks import work
     from tasks.reference import pin_suite
 
-    home, refdir = tmp_path / "home", tmp_path / "reference"
-    refdir.mkdir(parents=True)
-    for src in (SUITE_FILE, ROUTING_FILE):
-        shutil.copyfile(src, refdir / src.name)
-        pin_suite(refdir, refdir / src.name)
+    home, refdir = root / "home", root / "reference"
+    if reference_from is not None:
+        shutil.copytree(reference_from, refdir)
+    else:
+        refdir.mkdir(parents=True)
+        for src in (SUITE_FILE, ROUTING_FILE):
+            shutil.copyfile(src, refdir / src.name)
+            pin_suite(refdir, refdir / src.name)
     base, ckpt = tiny_model
     for key, value in {
         "IMAGEBENCH_HOME": str(home),
@@ -95,16 +101,20 @@ def workspace(tmp_path, monkeypatch, tiny_model) -> Path:
         "IMAGEBENCH_HPSV3_CHECKPOINT": str(ckpt),
         "IMAGEBENCH_DEVICE": "cpu",
         "IMAGEBENCH_BATCH_SIZE": "8",
-        "IMAGEBENCH_TASK_BATCH_SIZE": "48",
+        "IMAGEBENCH_TASK_BATCH_SIZE": str(task_batch_size),
     }.items():
         monkeypatch.setenv(key, value)
-    monkeypatch.delenv("IMAGEBENCH_STORE", raising=False)
-    monkeypatch.delenv("IMAGEBENCH_CONFIG", raising=False)
-    monkeypatch.delenv("IMAGEBENCH_JUDGES_CONFIG", raising=False)
-    from tasks import work
-
+    for key in ("IMAGEBENCH_STORE", "IMAGEBENCH_CONFIG", "IMAGEBENCH_JUDGES_CONFIG", "IMAGEBENCH_TASK_RUNNER",
+                "IMAGEBENCH_DASK_ADDRESS", "IMAGEBENCH_DASK_WORKERS"):
+        monkeypatch.delenv(key, raising=False)
     work.scorer_identity.cache_clear()
     return home
+
+
+@pytest.fixture()
+def workspace(tmp_path, monkeypatch, tiny_model) -> Path:
+    """A fresh IMAGEBENCH_HOME with its own reference dir (suite copied and pinned)."""
+    return use_workspace(tmp_path, monkeypatch, tiny_model)
 
 
 def eligible_ids() -> list[str]:

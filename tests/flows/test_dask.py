@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 import threading
@@ -11,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.flows.conftest import PROMPT_IDS, REPO, ROUTING_FILE, SUITE_FILE, put_model
+from tests.flows.conftest import PROMPT_IDS, REPO, SUITE_FILE, put_model, use_workspace
 from tests.lakecompare import assert_same_lake
 
 # ---- unit: the setting --------------------------------------------------------------------------
@@ -256,36 +255,8 @@ FIXED_MTIME_NS = 1_700_000_000_000_000_000
 
 
 def _use_workspace(root: Path, monkeypatch, tiny_model, reference_from: Path | None = None) -> Path:
-    """Point IMAGEBENCH_* at ``root`` (home + reference dir), as the ``workspace`` fixture does;
-    the reference dir is a copy of ``reference_from`` (an already built reference) when given."""
-    from tasks import work
-    from tasks.reference import pin_suite
-
-    home, refdir = root / "home", root / "reference"
-    if reference_from is not None:
-        shutil.copytree(reference_from, refdir)
-    else:
-        refdir.mkdir(parents=True)
-        for src in (SUITE_FILE, ROUTING_FILE):
-            shutil.copyfile(src, refdir / src.name)
-            pin_suite(refdir, refdir / src.name)
-    base, ckpt = tiny_model
-    for key, value in {
-        "IMAGEBENCH_HOME": str(home),
-        "IMAGEBENCH_REFERENCE_DIR": str(refdir),
-        "IMAGEBENCH_REFERENCE_VERSION": "t1",
-        "IMAGEBENCH_HPSV3_BASE_MODEL": str(base),
-        "IMAGEBENCH_HPSV3_CHECKPOINT": str(ckpt),
-        "IMAGEBENCH_DEVICE": "cpu",
-        "IMAGEBENCH_BATCH_SIZE": "8",
-        "IMAGEBENCH_TASK_BATCH_SIZE": "16",  # several HPSv3 tasks per model, for two workers to share
-    }.items():
-        monkeypatch.setenv(key, value)
-    for key in ("IMAGEBENCH_STORE", "IMAGEBENCH_CONFIG", "IMAGEBENCH_JUDGES_CONFIG", "IMAGEBENCH_TASK_RUNNER",
-                "IMAGEBENCH_DASK_ADDRESS", "IMAGEBENCH_DASK_WORKERS"):
-        monkeypatch.delenv(key, raising=False)
-    work.scorer_identity.cache_clear()
-    return home
+    # Several HPSv3 tasks per model, for two workers to share.
+    return use_workspace(root, monkeypatch, tiny_model, reference_from, task_batch_size=16)
 
 
 def _seed(objects: Path, eligible: list[str]) -> None:
