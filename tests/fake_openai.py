@@ -112,6 +112,9 @@ class FakeOpenAI:
                 self.send_header("Content-Length", str(len(body)))
                 for k, v in (headers or {}).items():
                     self.send_header(k, v)
+                # Done before the client can read the answer: a test that checks in_flight or
+                # t_end right after its call returns must not race this thread.
+                fake._done(self._rec)
                 self.end_headers()
                 self.wfile.write(body)
 
@@ -128,7 +131,7 @@ class FakeOpenAI:
                 self._send(401, json.dumps({"error": error}).encode())
 
             def do_GET(self) -> None:  # noqa: N802
-                rec = fake._record(self, None)
+                rec = self._rec = fake._record(self, None)
                 try:
                     if not self._authorized():
                         self._refuse()
@@ -149,7 +152,7 @@ class FakeOpenAI:
                     body = json.loads(raw) if raw else None
                 except ValueError:
                     body = None
-                rec = fake._record(self, body)
+                rec = self._rec = fake._record(self, body)
                 try:
                     if not self.path.rstrip("/").endswith("/chat/completions"):
                         self._send(404, b'{"error": "not found"}')
@@ -233,8 +236,9 @@ class FakeOpenAI:
 
     def _done(self, rec: RecordedRequest) -> None:
         with self._lock:
-            self.in_flight -= 1
-            rec.t_end = time.monotonic()
+            if rec.t_end is None:  # once per request: on answering, or when the handler ends
+                self.in_flight -= 1
+                rec.t_end = time.monotonic()
 
     @property
     def port(self) -> int:

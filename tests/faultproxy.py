@@ -430,16 +430,18 @@ class FaultProxy:
                     self._drop_upstream(conn)
                     reset = True
                     break
-                conn.sock.sendall(status_head.raw())
                 if resp_body is None:  # delimited by close: stream until upstream closes
+                    conn.sock.sendall(status_head.raw())
                     while chunk := up_rf.read1(65536):
                         conn.sock.sendall(chunk)
                     self._drop_upstream(conn)
+                    # Counted before the close that ends the client's read.
                     self._record("forwarded", method, target, event=False)
                     break
-                if resp_body:
-                    conn.sock.sendall(resp_body)
+                # Counted before the client can see the last byte, so a test that reads
+                # the answer and then the counter never races this thread.
                 self._record("forwarded", method, target, event=False)
+                conn.sock.sendall(status_head.raw() + (resp_body or b""))
                 if head.wants_close or status_head.wants_close:
                     self._drop_upstream(conn)
                     break
