@@ -145,6 +145,10 @@ JUDGE_CALLS = pa.schema(
     ]
 )
 
+# What makes a judge_calls row unique (the expectation suite checks it; a resumed commit uses it
+# to append only calls the lake does not hold yet).
+JUDGE_CALLS_KEY = ("model_id", "prompt_id", "image_sha256", "judge", "template_sha256", "sampling", "attempt", "requested_at")
+
 # The decided verdict per (model, prompt): what Capability counts.
 VERDICTS = pa.schema(
     [

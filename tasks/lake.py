@@ -224,6 +224,10 @@ class Lake:
             )
         path = self.partition_path(table, model_id)
         self.ensure_schema_file(table)
+        # Called under the partition lock: a temp file here is a writer's that was killed before
+        # its rename (readers never see it); removed so killed runs do not fill the disk.
+        for stale in path.parent.glob(f".{path.name}.*.tmp"):
+            stale.unlink(missing_ok=True)
         _atomic_write_parquet(data, path)
         return path
 

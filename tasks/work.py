@@ -14,6 +14,7 @@ import datetime as dt
 import hashlib
 import json
 import os
+import shutil
 import threading
 import time
 import uuid
@@ -481,7 +482,12 @@ def publish_judgements(settings: Settings, model_id: str, shards: list[Path | No
     existing = lake.read("verdicts", [model_id])
     keep = existing.filter(pa.array([p not in decided for p in existing["prompt_id"].to_pylist()], pa.bool_()))
     verdicts = pa.concat_tables([keep, new_verdicts]).cast(lake_schemas.VERDICTS)
-    all_calls = pa.concat_tables([lake.read("judge_calls", [model_id]), *calls]).cast(lake_schemas.JUDGE_CALLS)
+    existing_calls = lake.read("judge_calls", [model_id])
+    # A run killed inside its commit may have appended these shards' calls already: the resumed
+    # commit appends only calls the lake does not hold, so history never gets a row twice.
+    committed = set(zip(*(existing_calls[c].to_pylist() for c in lake_schemas.JUDGE_CALLS_KEY)))
+    fresh = [t.filter(pa.array([k not in committed for k in zip(*(t[c].to_pylist() for c in lake_schemas.JUDGE_CALLS_KEY))], pa.bool_())) for t in calls]
+    all_calls = pa.concat_tables([existing_calls, *fresh]).cast(lake_schemas.JUDGE_CALLS)
     require_valid("verdicts", verdicts)
     require_valid("judge_calls", all_calls)
     lake.write_partition("judge_calls", model_id, all_calls)
@@ -760,15 +766,26 @@ def commit_model(
     Order: images + quarantine (the staged ingest), hps_scores, judge_calls + verdicts, then the
     model_scores row, which is what the leaderboard reads: a model's old result is replaced by a
     single atomic rename, after everything it is computed from is in place. Each file is itself
-    replaced atomically. Staging is removed only afterwards, so a run killed inside this step
-    commits the same thing again when resumed.
+    replaced atomically and each step is idempotent, so a run killed anywhere in here commits the
+    same thing again when resumed (tests/flows/test_operations.py kills it at every step).
     """
     commit_staged_images(settings, model_id)
     hps_rows = publish_hps_scores(settings, suite, model_id, scorer_id, hps_shards)
     verdicts = publish_judgements(settings, model_id, judge_shards)
+    # Everything the result is computed from is in the lake now. The model's staging (this run's
+    # and whatever a killed run left that this run did not need) goes before the result is
+    # written, so no model ever has a result next to stale staging.
+    drop_model_staging(settings, model_id)
     row = aggregate_model(settings, suite, reference, model_id, run_id, None) if reference is not None else None
-    drop_staged_images(settings, model_id)
     return CommitResult(row, hps_rows, verdicts)
+
+
+def drop_model_staging(settings: Settings, model_id: str) -> None:
+    """Remove one model's staged ingest, HPSv3 shards and judge shards, temp files included."""
+    from tasks.storage import validate_model_id
+
+    for stage in ("ingest", "hps", "judge"):
+        shutil.rmtree(settings.staging_dir / stage / validate_model_id(model_id), ignore_errors=True)
 
 
 def refresh(settings: Settings, suite: Suite) -> Path:

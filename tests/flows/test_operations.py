@@ -3,6 +3,7 @@ corrupt lake file, a full disk. Real flow runs (and real `imagebench` processes 
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import multiprocessing
 import os
@@ -319,3 +320,80 @@ def test_judge_outage_falls_back_then_shows_explicit_states_then_recovers(built_
         score_model_flow("outage")
         assert len(qwen.completions) == len(ids), "settled verdicts are never asked again"
     assert row["provisional"] is False and row["verdicts_pass"] == len(ids)
+
+
+# ---- a kill at each kind of durable write, then resume ------------------------------------------
+
+# Every durable write ends with an atomic rename; tests/crash_after.py dies (os._exit, as SIGKILL:
+# no cleanup runs) just before or just after one of them. One point per kind of state a kill can
+# leave on disk, in the order a run reaches them: each run of the chain resumes from what the
+# previous one left and dies at the next point. (destination texts, before/after); {m} = model id.
+CRASH_CHAIN = [
+    ("ingest staged by half", "staging/ingest/{m}/images.parquet", "before"),  # quarantine staged, images not
+    ("scoring and judging in flight", "staging/hps/{m}/|staging/judge/{m}/", "after"),  # first shard of either
+    ("commit: images not yet renamed", "lake/images/model_id={m}/", "before"),  # quarantine is committed
+    ("commit: images only", "lake/images/model_id={m}/", "after"),
+    ("commit: images + hps_scores", "lake/hps_scores/model_id={m}/", "after"),
+    ("commit: judge_calls without verdicts", "lake/judge_calls/model_id={m}/", "after"),
+    ("commit: staging dropped, result not renamed", "lake/model_scores/model_id={m}/", "before"),
+    ("commit: result written, catalog not refreshed", "imagebench.duckdb", "before"),
+]
+
+
+def _crash_prompts() -> list[str]:
+    from tasks.suite import load_suite
+
+    from tests.flows.conftest import SUITE_FILE
+
+    text = [p.prompt_id for p in load_suite(SUITE_FILE).prompts if p.category == "Text Rendering"]
+    return eligible_ids()[:10] + text[:3]  # HPSv3 in two task batches; the OCR judge decides offline
+
+
+def _crash_run(home: Path, model: str, needle: str | None = None, when: str = "after") -> subprocess.CompletedProcess:
+    extra = {"CRASH_REPLACE": needle.format(m=model), "CRASH_WHEN": when} if needle else {}
+    # Output to a file, not a pipe: a child the dead run leaves behind would hold a pipe open.
+    log_path = home.parent / f"crash-{time.monotonic_ns()}.log"
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "tests.crash_after", "score", "--model", model, "--format", "json"],
+            cwd=REPO, env=_cli_env(home, **extra), stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        )
+    try:
+        proc.wait(timeout=600)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)  # whatever the dead run left behind (its embedded server)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, log_path.read_text(errors="replace"))
+
+
+def test_killed_at_every_kind_of_write_then_resumed_ends_with_the_same_lake(
+    built_reference, tiny_model, tmp_path, monkeypatch
+):
+    from flows.pipeline import score_model_flow
+    from schemas.settings import load_settings
+    from tasks.lake import Lake, query
+
+    from tests.flows.conftest import use_workspace
+
+    home, objects, _ = built_reference
+    put_model(objects, "chain", _crash_prompts(), seed=51)
+    has_result = lambda: Lake(home / "lake").read("model_scores", ["chain"]).num_rows == 1  # noqa: E731
+    for what, needle, when in CRASH_CHAIN:
+        run = _crash_run(home, "chain", needle, when)
+        assert run.returncode == 137, f"the run was to die at '{what}' but ended {run.returncode}: {run.stdout[-3000:]}"
+        # Readers never see a result before everything it is computed from is in the lake.
+        assert has_result() == what.startswith("commit: result written"), what
+    done = _crash_run(home, "chain")
+    assert done.returncode == 0, done.stdout[-3000:]
+    settings = load_settings()
+    _, rows = query(settings.catalog_path, "SELECT eps_prompts_scored FROM leaderboard WHERE model_id = 'chain'")
+    assert rows == [(10,)]
+    assert not [p for p in settings.staging_dir.rglob("*") if p.is_file() and "chain" in p.parts]
+    leftovers = [p for p in settings.lake_dir.rglob("*.tmp")]
+    assert not leftovers, f"temp files of the killed runs are still in the lake: {leftovers}"
+
+    # The same lake as one uninterrupted run of the same images in a fresh workspace.
+    clean = use_workspace(tmp_path / "clean", monkeypatch, tiny_model, reference_from=home.parent / "reference")
+    shutil.copytree(objects / "models" / "chain", clean / "objects" / "models" / "chain")  # keeps mtimes
+    score_model_flow("chain")
+    assert_same_lake(home / "lake", clean / "lake", [home], [clean], models=["chain"])

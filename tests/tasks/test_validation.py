@@ -209,3 +209,11 @@ def test_suite_files_are_complete_and_valid():
 def test_unknown_suite():
     with pytest.raises(ValueError, match="unknown expectation suite"):
         validate_table("nope", pd.DataFrame())
+
+
+def test_judge_calls_uniqueness_is_the_key_the_commit_deduplicates_on():
+    from schemas.lake import JUDGE_CALLS_KEY
+
+    data = json.loads((EXPECTATIONS_DIR / "judge_calls.json").read_text())
+    (unique,) = [e["kwargs"]["column_list"] for e in data["expectations"] if e["type"] == "expect_compound_columns_to_be_unique"]
+    assert tuple(unique) == JUDGE_CALLS_KEY
