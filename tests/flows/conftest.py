@@ -123,14 +123,33 @@ def eligible_ids() -> list[str]:
     return list(load_suite(SUITE_FILE).eligible_ids)
 
 
-@pytest.fixture()
-def built_reference(prefect_harness, workspace):
-    """A workspace whose reference "t1" was built by a real flow run from two baseline models."""
+@pytest.fixture(scope="session")
+def built_reference_template(prefect_harness, tiny_model, tmp_path_factory) -> Path:
+    """Built once per session: a workspace whose reference "t1" was built by a real flow run
+    from two baseline models. Tests get a copy (:func:`built_reference`), never this one."""
     from flows.pipeline import reference_build_flow
 
-    eligible = eligible_ids()
-    objects = workspace / "objects"
-    put_model(objects, "base-a", eligible, seed=1)
-    put_model(objects, "base-b", eligible, seed=2)
-    path = reference_build_flow("t1", ["base-a", "base-b"])
-    return workspace, objects, path
+    root = tmp_path_factory.mktemp("built-reference")
+    with pytest.MonkeyPatch.context() as mp:
+        home = use_workspace(root, mp, tiny_model)
+        put_model(home / "objects", "base-a", eligible_ids(), seed=1)
+        put_model(home / "objects", "base-b", eligible_ids(), seed=2)
+        reference_build_flow("t1", ["base-a", "base-b"])
+    return root
+
+
+@pytest.fixture()
+def built_reference(built_reference_template, tmp_path, monkeypatch, tiny_model):
+    """A workspace of its own (a copy of :func:`built_reference_template`: the reference "t1",
+    the baselines' objects, lake rows and run record), with IMAGEBENCH_* pointing at it.
+    Returns (home, objects dir, reference file)."""
+    from schemas.settings import load_settings
+    from tasks import work
+
+    home = tmp_path / "home"
+    shutil.copytree(built_reference_template / "home", home)  # keeps mtimes: the listing is unchanged
+    use_workspace(tmp_path, monkeypatch, tiny_model, reference_from=built_reference_template / "reference")
+    settings = load_settings()
+    settings.catalog_path.unlink()
+    work.refresh(settings, work.load_pinned_suite(settings))  # its views name this workspace's lake
+    return home, home / "objects", settings.reference_path
