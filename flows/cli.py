@@ -753,9 +753,9 @@ def _serve_with_local_server(settings: Settings, port: int | None) -> None:
     import signal
     import threading
 
-    from flows.server import LocalServer, configured_port, server_home
+    from flows.server import LocalServer, server_home
 
-    port = port or configured_port()
+    port = port or settings.prefect_port
     server = LocalServer(host="127.0.0.1", port=port, home=server_home(settings.home).resolve())
     configured = os.environ.get("PREFECT_API_URL")
     if configured and configured.rstrip("/") != server.api_url:

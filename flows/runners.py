@@ -25,62 +25,45 @@ import os
 from collections.abc import Iterator
 
 THREAD_WORKERS = 8  # HPSv3 tasks waiting for the device hold a thread: leave room for ingest and judges
-KINDS = ("threads", "dask")
-DEFAULT_DASK_WORKERS = 2
+KINDS = ("threads", "dask")  # schemas.settings.RunnerSettings.task_runner
 GPU_RESOURCE = "GPU"
-
 ENV_RUNNER = "IMAGEBENCH_TASK_RUNNER"
-ENV_DASK_ADDRESS = "IMAGEBENCH_DASK_ADDRESS"
-ENV_DASK_WORKERS = "IMAGEBENCH_DASK_WORKERS"
 
 
 class TaskRunnerConfigError(ValueError):
     """IMAGEBENCH_TASK_RUNNER / IMAGEBENCH_DASK_* hold a value no runner can be built from."""
 
 
-def _setting(env: str) -> str | None:
-    """An IMAGEBENCH_* setting as schemas.settings reads it: the environment first, then the YAML
-    file named by IMAGEBENCH_CONFIG (same key, lower case without the prefix). Read here without
-    building a whole Settings, since the flows' runner is chosen at import time."""
-    if env in os.environ:
-        return os.environ[env]
-    config = os.environ.get("IMAGEBENCH_CONFIG")
-    if config and os.path.isfile(config):
-        import yaml
+def runner_settings():
+    """task_runner, dask_address, dask_workers as schemas.settings reads every setting (the
+    environment, then the IMAGEBENCH_CONFIG YAML); an invalid one is a TaskRunnerConfigError."""
+    from pydantic import ValidationError
 
-        with open(config, encoding="utf-8") as fh:
-            data = yaml.safe_load(fh) or {}
-        value = data.get(env.removeprefix("IMAGEBENCH_").lower()) if isinstance(data, dict) else None
-        return None if value is None else str(value)
-    return None
+    from schemas.settings import RunnerSettings, describe_invalid
+
+    try:
+        return RunnerSettings()
+    except ValidationError as exc:
+        raise TaskRunnerConfigError(describe_invalid(exc)) from None
 
 
 def runner_kind(kind: str | None = None) -> str:
-    """``kind``, or the task_runner setting (IMAGEBENCH_TASK_RUNNER, default "threads"),
-    checked against :data:`KINDS` exactly as schemas.settings checks it."""
-    value = kind if kind is not None else _setting(ENV_RUNNER)
-    if value is None:
-        return "threads"
-    if value not in KINDS:
-        where = "task_runner(kind=...)" if kind is not None else ENV_RUNNER
+    """``kind``, or the task_runner setting (default "threads")."""
+    if kind is None:
+        return runner_settings().task_runner
+    if kind not in KINDS:
         raise TaskRunnerConfigError(
-            f"unknown task runner {value!r} (from {where}): set {ENV_RUNNER} to one of "
-            f"{', '.join(repr(k) for k in KINDS)}"
+            f"unknown task runner {kind!r} (from task_runner(kind=...)): one of {', '.join(repr(k) for k in KINDS)}, "
+            f"as {ENV_RUNNER} takes"
         )
-    return value
+    return kind
 
 
 def _dask_workers(workers: int | None) -> int:
     if workers is None:
-        raw = (_setting(ENV_DASK_WORKERS) or "").strip()
-        if not raw:
-            return DEFAULT_DASK_WORKERS
-        try:
-            workers = int(raw)
-        except ValueError:
-            raise TaskRunnerConfigError(f"{ENV_DASK_WORKERS}={raw!r} is not a whole number") from None
+        return runner_settings().dask_workers
     if workers < 1:
-        raise TaskRunnerConfigError(f"{ENV_DASK_WORKERS}={workers}: a local Dask cluster needs at least 1 worker")
+        raise TaskRunnerConfigError(f"dask workers={workers}: a local Dask cluster needs at least 1 worker")
     return workers
 
 
@@ -112,7 +95,7 @@ def task_runner(kind: str | None = None, address: str | None = None, workers: in
         runner_cls = _dask_runner_class()
     except ImportError as exc:  # pragma: no cover - pinned in requirements.lock
         raise TaskRunnerConfigError(f"{ENV_RUNNER}=dask needs prefect-dask installed ({exc})") from exc
-    address = address or (_setting(ENV_DASK_ADDRESS) or "").strip() or None
+    address = address or (runner_settings().dask_address or "").strip() or None
     if address:
         # An existing scheduler: its workers decide where GPU tasks run (`dask worker --resources GPU=1`).
         return runner_cls(address=address)

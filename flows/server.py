@@ -31,7 +31,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 DEFAULT_HOST = "127.0.0.1"
-DEFAULT_PORT = 4200
 PORT_ENV = "IMAGEBENCH_PREFECT_PORT"
 SERVER_HOME_NAME = "prefect-server"  # under IMAGEBENCH_HOME
 API_URL_FILE = "api-url"  # in the server home, while a local server runs
@@ -50,17 +49,15 @@ def server_home(imagebench_home: Path) -> Path:
 
 
 def configured_port() -> int:
-    """``IMAGEBENCH_PREFECT_PORT`` (default 4200), validated."""
-    raw = os.environ.get(PORT_ENV, "").strip()
-    if not raw:
-        return DEFAULT_PORT
+    """The prefect_port setting (``IMAGEBENCH_PREFECT_PORT``, default 4200), validated by schemas.settings."""
+    from pydantic import ValidationError
+
+    from schemas.settings import describe_invalid, load_settings
+
     try:
-        port = int(raw)
-    except ValueError:
-        raise LocalServerError(f"{PORT_ENV}={raw!r}: not a port number") from None
-    if not 1 <= port <= 65535:
-        raise LocalServerError(f"{PORT_ENV}={raw!r}: not a port number (1-65535)")
-    return port
+        return load_settings().prefect_port
+    except ValidationError as exc:
+        raise LocalServerError(describe_invalid(exc)) from None
 
 
 def free_port(host: str = DEFAULT_HOST) -> int:

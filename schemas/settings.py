@@ -11,7 +11,7 @@ import re
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, YamlConfigSettingsSource
 
 DEFAULT_BASE_MODEL = "Qwen/Qwen2-VL-7B-Instruct"
@@ -23,8 +23,43 @@ DEFAULT_REFERENCE_VERSION = "v1"
 VERSION_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 
 
-class Settings(BaseSettings):
+class _EnvThenYaml(BaseSettings):
+    """Reads IMAGEBENCH_* from the environment, then the IMAGEBENCH_CONFIG YAML file."""
+
     model_config = SettingsConfigDict(env_prefix="IMAGEBENCH_", extra="ignore")
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
+        config_file = os.environ.get("IMAGEBENCH_CONFIG")
+        if config_file:
+            if not Path(config_file).is_file():
+                raise FileNotFoundError(f"IMAGEBENCH_CONFIG={config_file}: no such file")
+            sources.append(YamlConfigSettingsSource(settings_cls, yaml_file=config_file))
+        return tuple(sources)
+
+
+class RunnerSettings(_EnvThenYaml):
+    """The settings the flows' task runner is chosen from. flows/runners.py reads them when the
+    flows are imported, on their own, so an unrelated bad setting does not break that import."""
+
+    # The task runner: "threads" (one process, the default) or "dask" (prefect-dask:
+    # a local multi-process cluster, or the scheduler at dask_address; HPSv3 tasks then request
+    # one "GPU" worker resource each, see docs/OPERATIONS.md).
+    task_runner: Literal["threads", "dask"] = "threads"
+    dask_address: str | None = None
+    dask_workers: int = Field(default=2, ge=1, description="local Dask cluster size when no address is given")
+
+
+class Settings(RunnerSettings):
+    """Every setting (the runner's included)."""
 
     home: Path = Field(default=Path("data"), description="workspace: lake, catalog, image cache")
     reference_dir: Path = Field(default=Path("reference"), description="frozen suite + references")
@@ -50,12 +85,8 @@ class Settings(BaseSettings):
     judge_task_size: int = Field(default=64, ge=1, description="images per Prefect judge task")
     bootstrap_resamples: int = Field(default=2000, ge=100)
 
-    # Operations. The task runner: "threads" (one process, the default) or "dask" (prefect-dask:
-    # a local multi-process cluster, or the scheduler at dask_address; HPSv3 tasks then request
-    # one "GPU" worker resource each, see docs/OPERATIONS.md).
-    task_runner: Literal["threads", "dask"] = "threads"
-    dask_address: str | None = None
-    dask_workers: int = Field(default=2, ge=1, description="local Dask cluster size when no address is given")
+    # Operations. The port of the local Prefect server `make serve` starts.
+    prefect_port: int = Field(default=4200, ge=1, le=65535)
     # A second run touching a model another run is scoring waits this long for it, then refuses.
     model_lock_wait_s: float = Field(default=0.0, ge=0)
 
@@ -71,23 +102,6 @@ class Settings(BaseSettings):
     @classmethod
     def _expand(cls, v: Path) -> Path:
         return Path(os.path.expanduser(str(v)))
-
-    @classmethod
-    def settings_customise_sources(
-        cls,
-        settings_cls: type[BaseSettings],
-        init_settings: PydanticBaseSettingsSource,
-        env_settings: PydanticBaseSettingsSource,
-        dotenv_settings: PydanticBaseSettingsSource,
-        file_secret_settings: PydanticBaseSettingsSource,
-    ) -> tuple[PydanticBaseSettingsSource, ...]:
-        sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
-        config_file = os.environ.get("IMAGEBENCH_CONFIG")
-        if config_file:
-            if not Path(config_file).is_file():
-                raise FileNotFoundError(f"IMAGEBENCH_CONFIG={config_file}: no such file")
-            sources.append(YamlConfigSettingsSource(settings_cls, yaml_file=config_file))
-        return tuple(sources)
 
     # Derived locations inside the workspace -------------------------------------------------
     @property
@@ -129,3 +143,10 @@ class Settings(BaseSettings):
 
 def load_settings(**overrides: object) -> Settings:
     return Settings(**overrides)  # type: ignore[arg-type]
+
+
+def describe_invalid(exc: ValidationError) -> str:
+    """One line per invalid setting, named as the user sets it: ``IMAGEBENCH_X='value': why``."""
+    return "; ".join(
+        f"IMAGEBENCH_{'_'.join(str(p) for p in e['loc']).upper()}={e.get('input')!r}: {e['msg']}" for e in exc.errors()
+    )

@@ -68,7 +68,7 @@ def test_unknown_task_runner_is_a_clear_error(runner_env):
     from flows import runners
 
     runner_env.setenv("IMAGEBENCH_TASK_RUNNER", "spark")
-    with pytest.raises(runners.TaskRunnerConfigError, match=r"IMAGEBENCH_TASK_RUNNER.*'threads', 'dask'") as exc:
+    with pytest.raises(runners.TaskRunnerConfigError, match=r"IMAGEBENCH_TASK_RUNNER='spark'.*'threads' or 'dask'") as exc:
         runners.task_runner()
     assert "'spark'" in str(exc.value)
     with pytest.raises(ValueError, match="IMAGEBENCH_TASK_RUNNER"):
@@ -360,3 +360,22 @@ def test_nightly_on_local_dask_cluster_writes_the_same_lake(
     assert runs_d == runs_t
     assert len(runs_d["hpsv3-batch"]) == len(hps) == 6  # 40 + 20 + 6 images in batches of 16: 3 + 2 + 1
     assert all(s == "Completed" for states in runs_d.values() for s in states), runs_d
+
+
+def test_the_runner_is_chosen_despite_an_unrelated_bad_setting(runner_env):
+    """The flows import picks the runner from its own settings: a bad batch size fails the run
+    that uses it, with its own message, not every import of the flows."""
+    from flows import runners
+    from flows.server import LocalServerError, configured_port
+
+    runner_env.setenv("IMAGEBENCH_BATCH_SIZE", "lots")
+    runner_env.setenv("IMAGEBENCH_TASK_RUNNER", "threads")
+    assert runners.runner_kind() == "threads"
+    with pytest.raises(LocalServerError, match=r"IMAGEBENCH_BATCH_SIZE='lots'"):
+        configured_port()
+    runner_env.delenv("IMAGEBENCH_BATCH_SIZE")
+    runner_env.setenv("IMAGEBENCH_PREFECT_PORT", "70000")
+    with pytest.raises(LocalServerError, match=r"IMAGEBENCH_PREFECT_PORT='70000': Input should be less than or equal to 65535"):
+        configured_port()
+    runner_env.setenv("IMAGEBENCH_PREFECT_PORT", "4300")
+    assert configured_port() == 4300
