@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.flows.conftest import REPO, eligible_ids, put_model
+from tests.flows.conftest import REPO, eligible_ids, image_bytes, put_model
 from tests.lakecompare import assert_same_lake
 
 pytestmark = pytest.mark.slow
@@ -372,24 +372,38 @@ def test_killed_at_every_kind_of_write_then_resumed_ends_with_the_same_lake(
     from tests.flows.conftest import use_workspace
 
     home, objects, _ = built_reference
-    put_model(objects, "chain", _crash_prompts(), seed=51)
-    has_result = lambda: Lake(home / "lake").read("model_scores", ["chain"]).num_rows == 1  # noqa: E731
+    # The model has a result already, and then its images change: the run to kill replaces it.
+    prompts = _crash_prompts()
+    model_dir = objects / "models" / "chain"
+    put_model(objects, "chain", prompts, seed=51)
+    score_model_flow("chain")
+    first = tmp_path / "chain-v1"
+    shutil.copytree(model_dir, first)  # keeps mtimes: the clean run below sees the same listing
+    (model_dir / f"{prompts[0]}.png").write_bytes(image_bytes(990_001))  # replaced (HPSv3)
+    (model_dir / f"{prompts[-1]}.png").write_bytes(image_bytes(990_002))  # replaced (OCR judge)
+    (model_dir / f"{prompts[1]}.png").unlink()  # removed
+    put_model(objects, "chain", [eligible_ids()[10]], seed=52)  # added
+    result = lambda: Lake(home / "lake").read("model_scores", ["chain"]).to_pylist()  # noqa: E731
+    old = result()
     for what, needle, when in CRASH_CHAIN:
         run = _crash_run(home, "chain", needle, when)
         assert run.returncode == 137, f"the run was to die at '{what}' but ended {run.returncode}: {run.stdout[-3000:]}"
-        # Readers never see a result before everything it is computed from is in the lake.
-        assert has_result() == what.startswith("commit: result written"), what
+        # Readers see the old result until everything the new one is computed from is in the lake.
+        assert (result() == old) != what.startswith("commit: result written"), what
     done = _crash_run(home, "chain")
     assert done.returncode == 0, done.stdout[-3000:]
     settings = load_settings()
     _, rows = query(settings.catalog_path, "SELECT eps_prompts_scored FROM leaderboard WHERE model_id = 'chain'")
-    assert rows == [(10,)]
+    assert rows == [(10,)]  # one image removed, one added
     assert not [p for p in settings.staging_dir.rglob("*") if p.is_file() and "chain" in p.parts]
     leftovers = [p for p in settings.lake_dir.rglob("*.tmp")]
     assert not leftovers, f"temp files of the killed runs are still in the lake: {leftovers}"
 
-    # The same lake as one uninterrupted run of the same images in a fresh workspace.
+    # The same lake as uninterrupted runs of the same images in a fresh workspace.
     clean = use_workspace(tmp_path / "clean", monkeypatch, tiny_model, reference_from=home.parent / "reference")
-    shutil.copytree(objects / "models" / "chain", clean / "objects" / "models" / "chain")  # keeps mtimes
+    shutil.copytree(first, clean / "objects" / "models" / "chain")
+    score_model_flow("chain")
+    shutil.rmtree(clean / "objects" / "models" / "chain")
+    shutil.copytree(model_dir, clean / "objects" / "models" / "chain")
     score_model_flow("chain")
     assert_same_lake(home / "lake", clean / "lake", [home], [clean], models=["chain"])
