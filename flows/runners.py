@@ -21,7 +21,6 @@ the runner built here names the flow's server in what it sends instead (``DaskRu
 from __future__ import annotations
 
 import contextlib
-import os
 from collections.abc import Iterator
 
 THREAD_WORKERS = 8  # HPSv3 tasks waiting for the device hold a thread: leave room for ingest and judges

@@ -483,10 +483,14 @@ def publish_judgements(settings: Settings, model_id: str, shards: list[Path | No
     keep = existing.filter(pa.array([p not in decided for p in existing["prompt_id"].to_pylist()], pa.bool_()))
     verdicts = pa.concat_tables([keep, new_verdicts]).cast(lake_schemas.VERDICTS)
     existing_calls = lake.read("judge_calls", [model_id])
+
+    def call_keys(table: pa.Table) -> list[tuple]:
+        return list(zip(*(table[c].to_pylist() for c in lake_schemas.JUDGE_CALLS_KEY)))
+
     # A run killed inside its commit may have appended these shards' calls already: the resumed
     # commit appends only calls the lake does not hold, so history never gets a row twice.
-    committed = set(zip(*(existing_calls[c].to_pylist() for c in lake_schemas.JUDGE_CALLS_KEY)))
-    fresh = [t.filter(pa.array([k not in committed for k in zip(*(t[c].to_pylist() for c in lake_schemas.JUDGE_CALLS_KEY))], pa.bool_())) for t in calls]
+    committed = set(call_keys(existing_calls))
+    fresh = [t.filter(pa.array([k not in committed for k in call_keys(t)], pa.bool_())) for t in calls]
     all_calls = pa.concat_tables([existing_calls, *fresh]).cast(lake_schemas.JUDGE_CALLS)
     require_valid("verdicts", verdicts)
     require_valid("judge_calls", all_calls)

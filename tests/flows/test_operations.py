@@ -45,14 +45,18 @@ def _cli_env(home: Path, **extra: str) -> dict[str, str]:
     return env
 
 
-def _score_cli(home: Path, model: str) -> subprocess.Popen:
+IMAGEBENCH = [str(Path(sys.executable).parent / "imagebench")]
+
+
+def _score_cli(home: Path, model: str, cli: list[str] = IMAGEBENCH, **extra_env: str) -> subprocess.Popen:
     # Its own session: SIGKILL goes to the whole process group (CLI + its embedded Prefect server),
-    # as when a machine or container dies. Output to a file: a full pipe would block the run.
+    # as when a machine or container dies. Output to a file: a full pipe would block the run, and
+    # a child a dead run leaves behind would hold a pipe open.
     log_path = home.parent / f"cli-{time.monotonic_ns()}.log"
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(
-            [str(Path(sys.executable).parent / "imagebench"), "score", "--model", model, "--format", "json"],
-            cwd=REPO, env=_cli_env(home), stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            [*cli, "score", "--model", model, "--format", "json"],
+            cwd=REPO, env=_cli_env(home, **extra_env), stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
         )
     proc.log_path = log_path
     return proc
@@ -347,19 +351,13 @@ def _crash_prompts() -> list[str]:
 
 def _crash_run(home: Path, model: str, needle: str | None = None, when: str = "after") -> subprocess.CompletedProcess:
     extra = {"CRASH_REPLACE": needle.format(m=model), "CRASH_WHEN": when} if needle else {}
-    # Output to a file, not a pipe: a child the dead run leaves behind would hold a pipe open.
-    log_path = home.parent / f"crash-{time.monotonic_ns()}.log"
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "tests.crash_after", "score", "--model", model, "--format", "json"],
-            cwd=REPO, env=_cli_env(home, **extra), stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-        )
+    proc = _score_cli(home, model, [sys.executable, "-m", "tests.crash_after"], **extra)
     try:
         proc.wait(timeout=600)
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)  # whatever the dead run left behind (its embedded server)
-    return subprocess.CompletedProcess(proc.args, proc.returncode, log_path.read_text(errors="replace"))
+    return subprocess.CompletedProcess(proc.args, proc.returncode, proc.log_path.read_text(errors="replace"))
 
 
 def test_killed_at_every_kind_of_write_then_resumed_ends_with_the_same_lake(
