@@ -57,6 +57,8 @@ class Rule:
     A request matches when ``method`` (if set) equals its method and ``path`` (if set) is a
     substring of its target (path + query). Among matching requests, the first ``after`` are
     left alone, then every ``every``-th one is hit, at most ``times`` times (None: no limit).
+    With ``fresh_targets_only`` a target that any rule already faulted no longer matches, so a
+    retried object sees at most one fault from such rules, whatever the interleaving.
     """
 
     kind: str
@@ -70,6 +72,9 @@ class Rule:
     code: str = "SlowDown"
     message: str = "Please reduce your request rate."
     action: Callable[[str, str], None] | None = None  # call
+    # Only requests whose target no rule has faulted yet: under concurrent clients the global
+    # "every n-th" count can otherwise land on every retry of one object and exhaust its attempts.
+    fresh_targets_only: bool = False
     seen: int = 0  # matching requests so far
     injected: int = 0  # faults injected so far
 
@@ -233,6 +238,7 @@ class FaultProxy:
         self.rules: list[Rule] = []
         self.counts: Counter[str] = Counter()
         self.events: list[tuple[float, str, str, str]] = []  # (time, kind, method, target)
+        self.faulted_targets: Counter[str] = Counter()  # target -> faults injected on it
         self._lock = threading.Lock()
         self._conns: set[_Conn] = set()
         self._threads: list[threading.Thread] = []
@@ -354,7 +360,11 @@ class FaultProxy:
         with self._lock:
             self.counts["requests"] += 1
             for rule in self.rules:
+                if rule.fresh_targets_only and self.faulted_targets[target]:
+                    continue
                 if rule.matches(method, target) and rule.take():
+                    if rule.kind != "call":
+                        self.faulted_targets[target] += 1
                     self.counts[rule.kind] += 1
                     self.events.append((time.monotonic(), rule.kind, method, target))
                     return rule

@@ -111,9 +111,9 @@ def test_flow_survives_s3_faults_and_outages(built_reference, fenv, tmp_path, mo
         proxy.clear()
         proxy.slowdown(path="list-type=2", times=1)
         proxy.reset_mid_body(path="list-type=2", times=1)
-        proxy.slowdown(method="GET", path=objs, every=4, times=5)
-        proxy.reset(method="GET", path=objs, every=5, times=3)
-        proxy.reset_mid_body(method="GET", path=objs, every=6, times=2)
+        proxy.slowdown(method="GET", path=objs, every=4, times=5, fresh_targets_only=True)
+        proxy.reset(method="GET", path=objs, every=5, times=3, fresh_targets_only=True)
+        proxy.reset_mid_body(method="GET", path=objs, every=6, times=2, fresh_targets_only=True)
         row = score_model_flow(MODEL)
         assert row["eps_prompts_scored"] == 19  # 20 images, one of them a duplicate_prompt
         c = proxy.counts

@@ -136,10 +136,10 @@ def test_transient_faults_are_survived_and_visible(fenv, proxy, seeded, tmp_path
     proxy.slowdown(path="list-type=2", times=1)  # the listing: first try throttled,
     proxy.reset(path="list-type=2", times=1)  # the second reset,
     proxy.reset_mid_body(path="list-type=2", times=1)  # the third cut off mid-body
-    proxy.slowdown(method="GET", path=objs, every=4, times=8)
-    proxy.reset(method="GET", path=objs, every=5, times=5)
-    proxy.reset_mid_body(method="GET", path=objs, every=6, times=4)
-    proxy.delay(2.5, method="GET", path=objs, every=7, times=2)  # > the 1 s read timeout below
+    proxy.slowdown(method="GET", path=objs, every=4, times=8, fresh_targets_only=True)
+    proxy.reset(method="GET", path=objs, every=5, times=5, fresh_targets_only=True)
+    proxy.reset_mid_body(method="GET", path=objs, every=6, times=4, fresh_targets_only=True)
+    proxy.delay(2.5, method="GET", path=objs, every=7, times=2, fresh_targets_only=True)  # > the 1 s read timeout below
     store = S3Store(bucket, PREFIX, endpoint_url=proxy.endpoint_url, region=fenv.region, read_timeout=1.0)
     t0 = time.monotonic()
     faulty = ingest_model(store, MODEL, make_suite(), tmp_path / "home-faulty", now=NOW)
