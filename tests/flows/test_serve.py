@@ -1,8 +1,8 @@
 """Production mode end to end: a real Prefect server on loopback, `imagebench serve` serving the
 deployments against it, `imagebench backfill --wait` running one model through the served
 `score-model/backfill` deployment; `prefect deploy --all` registering prefect.yaml's deployments
-for the `imagebench-gpu` work pool; and `imagebench serve --local-server` stopping its server on
-SIGTERM.
+for the `imagebench-gpu` work pool, and a process worker of that pool running a backfill from
+its own checkout; and `imagebench serve --local-server` stopping its server on SIGTERM.
 
 Everything runs as a user runs it: separate processes talking HTTP over 127.0.0.1.
 """
@@ -114,6 +114,24 @@ def _stop(proc: subprocess.Popen) -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(10)
+
+
+PREFECT = [str(BIN / "prefect")] if (BIN / "prefect").exists() else [sys.executable, "-m", "prefect"]
+
+
+def _deploy_prefect_yaml(api_url: str, tmp_path: Path, **deploy_env: str) -> None:
+    """What prefect.yaml's header says to run: the `imagebench-gpu` process pool (unless there),
+    then `prefect --no-prompt deploy --all` from the checkout with ``deploy_env`` exported."""
+    env = _env(tmp_path, api_url, **deploy_env)
+    exists = subprocess.run([*PREFECT, "work-pool", "inspect", "imagebench-gpu"], cwd=REPO, env=env,
+                            capture_output=True, text=True, timeout=120)
+    if exists.returncode != 0:
+        pool = subprocess.run([*PREFECT, "work-pool", "create", "imagebench-gpu", "--type", "process"], cwd=REPO,
+                              env=env, capture_output=True, text=True, timeout=120)
+        assert pool.returncode == 0, pool.stdout + pool.stderr
+    dep = subprocess.run([*PREFECT, "--no-prompt", "deploy", "--all"], cwd=REPO, env=env, capture_output=True,
+                         text=True, timeout=180)
+    assert dep.returncode == 0, dep.stdout + dep.stderr
 
 
 def _synthetic_reference(version: str) -> None:
@@ -292,16 +310,9 @@ def test_prefect_yaml_deploys_to_the_work_pool(prefect_server, tmp_path):
     from flows.deployments import DEFAULT_NIGHTLY_CRON, DEFAULT_NIGHTLY_TZ
 
     api = _ready(prefect_server).api_url
-    env = _env(tmp_path, api, IMAGEBENCH_HOME="/srv/imagebench/data", IMAGEBENCH_STORE="s3://bench/images",
-               IMAGEBENCH_S3_ENDPOINT="")
-    prefect = [str(BIN / "prefect")] if (BIN / "prefect").exists() else [sys.executable, "-m", "prefect"]
-    pool = subprocess.run([*prefect, "work-pool", "create", "imagebench-gpu", "--type", "process"], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=120)
-    assert pool.returncode == 0, pool.stdout + pool.stderr
     before = (REPO / "prefect.yaml").read_bytes()
-    dep = subprocess.run([*prefect, "--no-prompt", "deploy", "--all"], cwd=REPO, env=env, capture_output=True,
-                         text=True, timeout=180)
-    assert dep.returncode == 0, dep.stdout + dep.stderr
+    _deploy_prefect_yaml(api, tmp_path, IMAGEBENCH_HOME="/srv/imagebench/data", IMAGEBENCH_STORE="s3://bench/images",
+                         IMAGEBENCH_S3_ENDPOINT="")
     assert (REPO / "prefect.yaml").read_bytes() == before  # deploy does not rewrite the file
 
     nightly = _read_deployment(api, "nightly/nightly")
@@ -325,6 +336,59 @@ def test_prefect_yaml_deploys_to_the_work_pool(prefect_server, tmp_path):
     assert backfill.parameter_openapi_schema["required"] == ["model_id"]
     assert set(backfill.parameter_openapi_schema["properties"]) == {
         "model_id", "rejudge", "suite_version", "reference_version", "scorer_name"}
+
+
+def test_prefect_yaml_backfill_runs_on_a_process_worker(prefect_server, workspace, tmp_path):
+    """What a GPU machine does in production: `prefect worker start --pool imagebench-gpu` picks a
+    backfill run of prefect.yaml's deployment, its pull step changes into IMAGEBENCH_CHECKOUT, and
+    the flow scores the model into the lake named by the run's environment.
+
+    The run overrides the deployment's `env` job variables the way the UI's custom run does:
+    IMAGEBENCH_DEVICE=cuda (prefect.yaml) becomes cpu on this machine without a GPU."""
+    from schemas.settings import load_settings
+    from tasks.lake import Lake
+    from tasks.suite import load_suite
+
+    api = _ready(prefect_server).api_url
+    deployed = {"IMAGEBENCH_HOME": str(workspace), "IMAGEBENCH_STORE": str(workspace / "objects"),
+                "IMAGEBENCH_S3_ENDPOINT": ""}  # exported before `prefect deploy`, as prefect.yaml says
+    _deploy_prefect_yaml(api, tmp_path, **deployed)
+    _synthetic_reference("t1")
+    settings = load_settings()
+    put_model(workspace / "objects", MODEL, list(load_suite(settings.suite_path).eligible_ids)[:5], seed=4)
+
+    # Job variables merge shallowly: the run's `env` replaces the deployment's whole `env`.
+    run_env = {**deployed, "IMAGEBENCH_DEVICE": "cpu"}
+    client = _client(api)
+    try:
+        deployment = client.read_deployment_by_name("score-model/backfill")
+        flow_run = client.create_flow_run_from_deployment(
+            deployment.id, parameters={"model_id": MODEL}, job_variables={"env": run_env})
+    finally:
+        _close(client)
+
+    log = tmp_path / "worker.log"
+    env = _env(tmp_path, api, IMAGEBENCH_CHECKOUT=str(REPO), PREFECT_WORKER_QUERY_SECONDS="1")
+    with open(log, "wb") as out:  # cwd is not the checkout: the pull step must change into it
+        worker = subprocess.Popen([*PREFECT, "worker", "start", "--pool", "imagebench-gpu", "--install-policy",
+                                   "never"], cwd=tmp_path, env=env, stdout=out, stderr=subprocess.STDOUT)
+
+    def finished():
+        c = _client(api)
+        try:
+            state = c.read_flow_run(flow_run.id).state
+        finally:
+            _close(c)
+        return state if state is not None and state.is_final() else None
+
+    try:
+        state = _wait_for(finished, 300, "the backfill run on the process worker", worker, log)
+    finally:
+        _stop(worker)
+    assert state.is_completed(), f"{state.type}: {state.message}\n{_tail(log)}"
+    (scores,) = [r for r in Lake(settings.lake_dir).read("model_scores", [MODEL]).to_pylist()
+                 if r["run_id"] == str(flow_run.id)]
+    assert scores["eps_prompts_scored"] == 5 and scores["reference_version"] == "t1"
 
 
 def test_local_server_stops_on_sigterm(prefect_server, workspace, tmp_path):

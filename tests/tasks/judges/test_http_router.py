@@ -134,7 +134,7 @@ def test_timeouts_are_retried_then_fallback(servers, make_item) -> None:
         config(alpha=endpoint(alpha, timeout_s=0.3, max_retries=1), beta=endpoint(beta)),
         retry=FAST,
     )
-    assert time.monotonic() - t0 < 3
+    assert time.monotonic() - t0 < 4.5  # well under one 5 s hang: the 0.3 s timeout cut both tries
     c = rows(calls)
     assert [r["outcome"] for r in c] == ["ERROR", "ERROR", "FAIL"]
     assert all("timed out after 0.3 s" in r["error"] for r in c[:2])
