@@ -343,8 +343,9 @@ def test_prefect_yaml_backfill_runs_on_a_process_worker(prefect_server, workspac
     backfill run of prefect.yaml's deployment, its pull step changes into IMAGEBENCH_CHECKOUT, and
     the flow scores the model into the lake named by the run's environment.
 
-    The run overrides the deployment's `env` job variables the way the UI's custom run does:
-    IMAGEBENCH_DEVICE=cuda (prefect.yaml) becomes cpu on this machine without a GPU."""
+    The deployment's `env` (filled in at deploy time) wins over the worker's environment, and the
+    run overrides one key of it the way the UI's custom run does: IMAGEBENCH_DEVICE=cuda
+    (prefect.yaml) becomes cpu on this machine without a GPU."""
     from schemas.settings import load_settings
     from tasks.lake import Lake
     from tasks.suite import load_suite
@@ -357,8 +358,8 @@ def test_prefect_yaml_backfill_runs_on_a_process_worker(prefect_server, workspac
     settings = load_settings()
     put_model(workspace / "objects", MODEL, list(load_suite(settings.suite_path).eligible_ids)[:5], seed=4)
 
-    # Job variables merge shallowly: the run's `env` replaces the deployment's whole `env`.
-    run_env = {**deployed, "IMAGEBENCH_DEVICE": "cpu"}
+    # A run's `env` job variables are merged key by key into the deployment's.
+    run_env = {"IMAGEBENCH_DEVICE": "cpu"}
     client = _client(api)
     try:
         deployment = client.read_deployment_by_name("score-model/backfill")
@@ -368,7 +369,9 @@ def test_prefect_yaml_backfill_runs_on_a_process_worker(prefect_server, workspac
         _close(client)
 
     log = tmp_path / "worker.log"
-    env = _env(tmp_path, api, IMAGEBENCH_CHECKOUT=str(REPO), PREFECT_WORKER_QUERY_SECONDS="1")
+    # The worker's own IMAGEBENCH_HOME is elsewhere: the deployment's job variables must win.
+    env = _env(tmp_path, api, IMAGEBENCH_CHECKOUT=str(REPO), PREFECT_WORKER_QUERY_SECONDS="1",
+               IMAGEBENCH_HOME=str(tmp_path / "not-the-deployed-home"))
     with open(log, "wb") as out:  # cwd is not the checkout: the pull step must change into it
         worker = subprocess.Popen([*PREFECT, "worker", "start", "--pool", "imagebench-gpu", "--install-policy",
                                    "never"], cwd=tmp_path, env=env, stdout=out, stderr=subprocess.STDOUT)
@@ -389,6 +392,7 @@ def test_prefect_yaml_backfill_runs_on_a_process_worker(prefect_server, workspac
     (scores,) = [r for r in Lake(settings.lake_dir).read("model_scores", [MODEL]).to_pylist()
                  if r["run_id"] == str(flow_run.id)]
     assert scores["eps_prompts_scored"] == 5 and scores["reference_version"] == "t1"
+    assert not (tmp_path / "not-the-deployed-home").exists()
 
 
 def test_local_server_stops_on_sigterm(prefect_server, workspace, tmp_path):
