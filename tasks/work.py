@@ -10,6 +10,7 @@ Each unit reads the lake, does one thing, and writes at most the tables it owns:
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import hashlib
 import json
@@ -731,13 +732,25 @@ def classify(settings: Settings, suite: Suite, reference: ReferenceFile, model_i
     """What the freshly staged image set of a model means for its result (see
     schemas.lake.MODEL_DISPOSITIONS): "new", "incremental", "replaced" or "unchanged"."""
     from tasks.lake import Lake
+    from tasks.storage import atomic_write
 
     recorded = _result_fingerprints(settings, suite, reference, [model_id]).get(model_id)
     if recorded is None:
         return "new"
     staged = model_images(settings, model_id)
-    if content_fingerprint(staged) == recorded:
+    staged_fingerprint = content_fingerprint(staged)
+    if staged_fingerprint == recorded:
+        _drop_disposition_note(settings, model_id)  # left by a run killed after its result
         return "unchanged"
+    # A run killed mid-commit may already have put this image set in the lake, which then no
+    # longer holds the images the result came from: the first classification of this image set
+    # against this result is noted and reused on resume, until the new result is written.
+    note_path = _disposition_note(settings, model_id)
+    key = {"staged": staged_fingerprint, "result": recorded}
+    with contextlib.suppress(OSError, ValueError):
+        note = json.loads(note_path.read_text())
+        if {k: note.get(k) for k in key} == key and note.get("disposition") in ("incremental", "replaced"):
+            return note["disposition"]
     before = Lake(settings.lake_dir).read("images", [model_id])
     now = {p: sha for p, st, sha in zip(staged["prompt_id"].to_pylist(), staged["state"].to_pylist(), staged["image_sha256"].to_pylist()) if st == "ok"}
     kept = all(
@@ -745,7 +758,22 @@ def classify(settings: Settings, suite: Suite, reference: ReferenceFile, model_i
         for p, st, sha in zip(before["prompt_id"].to_pylist(), before["state"].to_pylist(), before["image_sha256"].to_pylist())
         if st == "ok"
     )
-    return "incremental" if kept else "replaced"
+    disposition = "incremental" if kept else "replaced"
+    note_path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write(note_path, json.dumps({**key, "disposition": disposition}).encode())
+    return disposition
+
+
+def _disposition_note(settings: Settings, model_id: str) -> Path:
+    """Outside the model's stages: it must outlive `drop_model_staging`, which runs before the
+    result is written; `commit_model` removes it once the result is in place."""
+    from tasks.storage import validate_model_id
+
+    return settings.staging_dir / "disposition" / validate_model_id(model_id) / "disposition.json"
+
+
+def _drop_disposition_note(settings: Settings, model_id: str) -> None:
+    shutil.rmtree(_disposition_note(settings, model_id).parent, ignore_errors=True)
 
 
 @dataclass(frozen=True)
@@ -781,6 +809,8 @@ def commit_model(
     # written, so no model ever has a result next to stale staging.
     drop_model_staging(settings, model_id)
     row = aggregate_model(settings, suite, reference, model_id, run_id, None) if reference is not None else None
+    if row is not None:
+        _drop_disposition_note(settings, model_id)
     return CommitResult(row, hps_rows, verdicts)
 
 

@@ -40,8 +40,8 @@ def _cli_env(home: Path, **extra: str) -> dict[str, str]:
         PREFECT_LOGGING_LEVEL="WARNING",
         IMAGEBENCH_TASK_BATCH_SIZE="8",  # many small batches: the kill lands between and inside them
         IMAGEBENCH_BATCH_SIZE="4",
-        **extra,
     )
+    env.update(extra)
     return env
 
 
@@ -351,6 +351,7 @@ def _crash_prompts() -> list[str]:
 
 def _crash_run(home: Path, model: str, needle: str | None = None, when: str = "after") -> subprocess.CompletedProcess:
     extra = {"CRASH_REPLACE": needle.format(m=model), "CRASH_WHEN": when} if needle else {}
+    extra["PREFECT_LOGGING_LEVEL"] = "INFO"  # the flow's log names each model's disposition
     proc = _score_cli(home, model, [sys.executable, "-m", "tests.crash_after"], **extra)
     try:
         proc.wait(timeout=600)
@@ -388,6 +389,8 @@ def test_killed_at_every_kind_of_write_then_resumed_ends_with_the_same_lake(
         assert run.returncode == 137, f"the run was to die at '{what}' but ended {run.returncode}: {run.stdout[-3000:]}"
         # Readers see the old result until everything the new one is computed from is in the lake.
         assert (result() == old) != what.startswith("commit: result written"), what
+        # Every resumed run knows it replaces the result, even once the new images are committed.
+        assert "chain (replaced)" in run.stdout and "chain (incremental)" not in run.stdout, (what, run.stdout[-3000:])
     done = _crash_run(home, "chain")
     assert done.returncode == 0, done.stdout[-3000:]
     settings = load_settings()
