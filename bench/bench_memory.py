@@ -126,6 +126,29 @@ def run(work: Path, quick: bool, log, tiny: TinyModel, ref_ws: Workspace | None)
     return out
 
 
+def _program(cmd: str) -> str:
+    """The program a command line runs: ``python -m X`` -> X, else the first word's basename."""
+    if " -m " in cmd:
+        return cmd.split(" -m ", 1)[1].split()[0] if cmd.split(" -m ", 1)[1].split() else "python"
+    words = cmd.split()
+    return words[0].rsplit("/", 1)[-1] if words else "(no command line)"
+
+
+def summarise_processes(others: list[tuple[str, int]]) -> str:
+    """Other processes of the tree, one entry per program (a run starts one tesseract per OCR
+    call: a thousand of them listed one by one is unreadable), largest peak first."""
+    groups: dict[str, list[int]] = {}
+    for cmd, kib in others:
+        groups.setdefault(_program(cmd), []).append(kib)
+    parts = []
+    for name, peaks in sorted(groups.items(), key=lambda kv: (-max(kv[1]), kv[0])):
+        if len(peaks) == 1:
+            parts.append(f"`{name}` 1 process, {fmt_mib(peaks[0])}")
+        else:
+            parts.append(f"`{name}` {len(peaks):,} processes (short-lived), at most {fmt_mib(max(peaks))} each")
+    return "Other processes in the tree (12-model run), by program: " + "; ".join(parts) + "."
+
+
 def markdown(res: dict) -> list[str]:
     lines = []
     if "nightly" in res:
@@ -155,12 +178,7 @@ def markdown(res: dict) -> list[str]:
             "",
         ]
         if last["others"]:
-            lines += [
-                "Other processes in the tree (12-model run): "
-                + "; ".join(f"`{c.split(' -m ')[-1][:40] if ' -m ' in c else c[:40]}` {fmt_mib(k)}" for c, k in last["others"])
-                + ".",
-                "",
-            ]
+            lines += [summarise_processes(last["others"]), ""]
     s, b = res["scorer"][res["scorer_small"]], res["scorer"][res["scorer_big"]]
     gs, gb = res["scorer_growth_kib"]
     lines += [

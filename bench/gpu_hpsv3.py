@@ -81,7 +81,8 @@ def build_scorer(work: Path, full_size: bool, device, dtype, seed: int):
     chat_template = M.load_chat_template(base_dir, tokenizer)
     vision = VisionPreprocessConfig.from_preprocessor_config(base_dir)
     config = M.build_config(base_config, tokenizer)
-    model = M.build_reward_model_meta(config, tokenizer.convert_tokens_to_ids(M.REWARD_TOKEN), dtype)
+    attention = M.choose_attention(device)  # the official rule: flash-attention 2 when installed
+    model = M.build_reward_model_meta(config, tokenizer.convert_tokens_to_ids(M.REWARD_TOKEN), dtype, attention)
     M.materialize_(model, device)  # allocates (uninitialised) storage, computes rotary buffers
     random_init_(model, seed)
     loaded = M.LoadedHPSv3(
@@ -94,6 +95,7 @@ def build_scorer(work: Path, full_size: bool, device, dtype, seed: int):
         base_config=base_config,
         device=device,
         dtype=dtype,
+        attention_impl=attention,
     )
     return HPSv3Scorer(loaded, str(base_dir), uncalibrated=True), config
 

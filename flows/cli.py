@@ -9,12 +9,14 @@ from __future__ import annotations
 import os
 import sys
 from contextlib import contextmanager
+from enum import Enum
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
 from rich.console import Console
 
+import flows.clihelp  # noqa: F401  (boolean flags show no `<bool>` in --help)
 from flows.output import OutputFormat, render
 from schemas.settings import Settings, load_settings
 
@@ -29,12 +31,25 @@ reference_app = typer.Typer(help="Build or verify the frozen EPS reference.", no
 app.add_typer(reference_app, name="reference")
 judges_app = typer.Typer(help="Judges: check the configured endpoints.", no_args_is_help=True)
 app.add_typer(judges_app, name="judges")
+from flows.cli_models import models_app, print_quarantine  # noqa: E402 - a sub-app per area (ARCHITECTURE.md section 6)
+
+app.add_typer(models_app, name="models")
 
 err = Console(stderr=True)
 UNCALIBRATED_BANNER = (
     "UNCALIBRATED DEMO WEIGHTS: these mu/EPS values come from a tiny randomly initialised "
     "HPSv3-architecture model, not from HPSv3. They show the pipeline, not model quality."
 )
+
+
+@app.callback()
+def _global_options(
+    debug: Annotated[
+        bool, typer.Option("--debug", help="show tracebacks and Prefect's error logs in the terminal (else in $IMAGEBENCH_HOME/logs/imagebench.log)")
+    ] = False,
+) -> None:
+    if debug:
+        os.environ["IMAGEBENCH_DEBUG"] = "1"  # read by flows.clilog, also in processes this one starts
 
 
 class CliError(Exception):
@@ -48,32 +63,91 @@ def _expected_errors() -> tuple[type[BaseException], ...]:
 
 
 @contextmanager
-def _user_errors():
+def _user_errors(log: bool = True):
+    """Expected errors: one line, exit 1; with ``log``, the traceback goes to the workspace log
+    (read-only commands, `sql` and `leaderboard`, leave the workspace as it was)."""
     try:
         yield
-    except typer.Exit:
+    except (typer.Exit, BrokenPipeError):  # a closed pipe (`| head`): click stops quietly (EPIPE)
         raise
     except _expected_errors() as exc:
-        if os.environ.get("IMAGEBENCH_DEBUG"):
+        from flows.clilog import debug_enabled, log_exception
+
+        if debug_enabled():
             raise
         from rich.markup import escape
 
-        err.print(f"[bold red]error:[/] {escape(f'{type(exc).__name__}: {exc}')}", highlight=False, markup=True)
+        # One line; the traceback (and Prefect's record of a failed run) is in the workspace log.
+        logged = log_exception(_home_or_none(), exc) if log else None
+        where = f" (traceback in {logged}; --debug shows it)" if logged else ""
+        err.print(f"[bold red]error:[/] {escape(f'{type(exc).__name__}: {exc}')}{escape(where)}", highlight=False,
+                  markup=True, soft_wrap=True)
         raise typer.Exit(1) from None
+
+
+def _home_or_none() -> Path | None:
+    try:
+        return load_settings().home
+    except Exception:  # noqa: BLE001 - an invalid setting is reported on its own
+        return None
 
 
 def _settings() -> Settings:
     try:
         return load_settings()
     except Exception as exc:  # pydantic ValidationError on a bad IMAGEBENCH_* value
-        err.print(f"[bold red]error:[/] invalid IMAGEBENCH_* setting: {exc}")
+        from pydantic import ValidationError
+        from rich.markup import escape
+
+        from schemas.settings import describe_invalid
+
+        text = describe_invalid(exc) if isinstance(exc, ValidationError) else str(exc)
+        err.print(f"[bold red]error:[/] invalid setting: {escape(text)}", highlight=False, soft_wrap=True)
         raise typer.Exit(2) from None
 
 
-def _prefect(settings: Settings) -> None:
+def _precheck(settings: Settings, model: str | None = None) -> None:
+    """What a flow would refuse first, checked before Prefect starts (no server, no log noise):
+    the model id's form, the pinned suite, and the reference file's SHA256SUMS line."""
+    from tasks.reference import verify_reference_file
+    from tasks.storage import validate_model_id
+    from tasks.work import load_pinned_suite
+
+    if model is not None:
+        validate_model_id(model)
+    load_pinned_suite(settings)
+    verify_reference_file(settings.reference_dir, settings.reference_version)
+
+
+def _prefect(settings: Settings, quiet: bool = True) -> None:
+    """Before a command runs flows: the workspace and Prefect's home exist (flows.env), its
+    ephemeral API server dies with the command (flows.ephemeral), failures go to the log file
+    (and, unless ``quiet`` is false as for `serve`, not to the terminal: flows.clilog)."""
+    from flows.clilog import command_started
     from flows.env import prepare_prefect_env
 
     prepare_prefect_env(settings.home)
+    import prefect  # noqa: F401 - sets up Prefect's logging, which command_started adjusts
+
+    command_started(settings.home, quiet=quiet)
+    _report_crashed(settings)
+
+
+def _report_crashed(settings: Settings) -> None:
+    """Runs of this workspace whose process died (killed, machine stopped): recorded as crashed."""
+    from rich.markup import escape
+
+    from tasks.runstate import describe, settle_crashed
+
+    try:
+        crashed = settle_crashed(settings.home, settings.lake_dir)
+    except Exception as exc:  # noqa: BLE001 - e.g. a corrupt run record: the run itself reports the lake
+        import logging
+
+        logging.getLogger("imagebench.cli").warning("could not look for crashed runs: %s", exc)
+        return
+    for row in crashed:
+        err.print(f"[yellow]{escape(describe(row))}[/]", highlight=False, soft_wrap=True)
 
 
 @contextmanager
@@ -90,6 +164,10 @@ def _progress():
     ids: dict[str, int] = {}
 
     def report(stage: str, total: int, n: int) -> None:
+        if stage in ids:
+            task = next(t for t in bars.tasks if t.id == ids[stage])
+            if hooks.starts_new_round(int(task.completed), int(task.total or 0), total):
+                ids.pop(stage)  # the same stage again (e.g. ingest for the reference, then the nightly)
         if stage not in ids:
             ids[stage] = bars.add_task(stage, total=total if total > 0 else None)
         elif total > 0:
@@ -146,11 +224,7 @@ def ingest(
             summary = work.ingest_and_publish(settings, suite, model)
         work.refresh(settings, suite)
         _print_rows([summary.__dict__], OutputFormat.table, f"ingest {model}")
-        if summary.objects_quarantined:
-            err.print(
-                f"[yellow]{summary.objects_quarantined} objects quarantined: "
-                f"imagebench sql \"SELECT * FROM quarantine WHERE model_id='{model}'\"[/]"
-            )
+        print_quarantine(settings, [model], err)
 
 
 @app.command()
@@ -165,12 +239,14 @@ def score(
     """Score one model now: ingest, HPSv3 and the routed judges side by side, EPS/Capability/Overall."""
     with _user_errors():
         settings = _settings()
+        _precheck(settings, model)
         _prefect(settings)
         from flows.pipeline import score_model_flow
 
         with _progress():
             row = score_model_flow(model, scorer_name=scorer, rejudge=rejudge)
         _print_rows([row], fmt, f"score {model}")
+        print_quarantine(settings, [model], err)
         _warn_uncalibrated(row["uncalibrated"], fmt)
 
 
@@ -341,12 +417,15 @@ def backfill(
             _backfill_on_server(settings, api_url, source, parameters, wait, fmt)
             return
         why = "--local" if local else "embedded mode: no Prefect server configured (PREFECT_API_URL unset, `make serve` not running)"
+        _precheck(settings.model_copy(update={k: v for k, v in (
+            ("suite_version", suite_version), ("reference_version", reference_version)) if v}))
         err.print(f"{why}: running score-model in this process", highlight=False, soft_wrap=True)
         from flows.pipeline import score_model_flow
 
         with _progress():
             row = score_model_flow(**parameters)
         _print_rows([row], fmt, f"backfill {model}")
+        print_quarantine(settings, [model], err)
         _warn_uncalibrated(row["uncalibrated"], fmt)
 
 
@@ -359,20 +438,27 @@ def nightly(
     scorer; for unchanged models, request only verdicts still missing."""
     with _user_errors():
         settings = _settings()
+        _precheck(settings)
         _prefect(settings)
         from flows.pipeline import nightly_flow
 
         with _progress():
             summary = nightly_flow(rejudge=rejudge)
-        err.print(
-            f"nightly: {summary['discovered']} models discovered, {len(summary['scored'])} scored, "
-            f"{len(summary['up_to_date'])} up to date ({len(summary['rejudged'])} with new verdicts), "
-            f"{len(summary['invalid'])} invalid"
-        )
+        from flows.output import nightly_line
+
+        err.print(nightly_line(summary), highlight=False)
         for model_id, detail in summary["invalid"].items():
             err.print(f"[red]invalid model folder {model_id!r}: {detail}[/]")
         _print_rows(summary["rows"], fmt, "nightly")
+        print_quarantine(settings, summary["scored"] + summary["unchanged"], err)
         _warn_uncalibrated(any(r["uncalibrated"] for r in summary["rows"]), fmt)
+
+
+class Rotary(str, Enum):
+    """HPSv3 rotary arithmetic (docs/HPSV3.md)."""
+
+    official = "official"
+    float32 = "float32"
 
 
 @app.command()
@@ -382,6 +468,10 @@ def hpsv3(
     checkpoint: Annotated[Optional[str], typer.Option(help="HPSv3.safetensors path or HF repo id")] = None,
     device: Annotated[str, typer.Option(help="auto|cpu|cuda")] = "auto",
     dtype: Annotated[str, typer.Option(help="auto|float32|bfloat16")] = "auto",
+    rotary: Annotated[
+        Optional[Rotary],
+        typer.Option(help="official (bf16-rounded, as trained) or float32; default: IMAGEBENCH_HPSV3_ROTARY, else official"),
+    ] = None,
     batch_size: Annotated[int, typer.Option(min=1)] = 8,
     fmt: Annotated[OutputFormat, typer.Option("--format")] = OutputFormat.csv,
 ) -> None:
@@ -398,6 +488,7 @@ def hpsv3(
             checkpoint or settings.hpsv3_checkpoint,
             device=device,
             dtype=dtype,
+            rotary=rotary.value if rotary is not None else settings.hpsv3_rotary,
         )
         with _progress():
             from tasks import progress as hooks
@@ -472,6 +563,10 @@ def compare(
         for m in (model_a, model_b):  # before anything reads a path or a table named after them
             validate_model_id(m)
         settings = _settings()
+        from tasks.models import require_known
+
+        for m in (model_a, model_b):
+            require_known(settings, m)  # an unknown id: exit 1, nearest ids named
         from tasks import stats, work
         from tasks.views import model_prompts, paired_vectors
 
@@ -511,21 +606,27 @@ def breakdown(
 
         validate_model_id(model)  # before anything reads a path or a table named after it
         settings = _settings()
+        from tasks.models import require_known
+
+        require_known(settings, model)  # an unknown id: exit 1, nearest ids named
         from tasks import stats, work
         from tasks.views import model_prompts, paired_vectors
 
         suite = work.load_pinned_suite(settings)
         reference = work.load_verified_reference(settings, suite, None)
-        verdicts, contributions = paired_vectors(model_prompts(settings, suite, reference, model), suite, reference)
+        views = model_prompts(settings, suite, reference, model)
+        verdicts, contributions = paired_vectors(views, suite, reference)
+        judged = stats.judge_decided([v.state for v in views], verdicts)
         groups = [getattr(p, by) for p in suite.prompts]
         rows = []
-        for group, cap in stats.capability_breakdown(verdicts, groups).items():
+        for group, cap in stats.capability_breakdown(verdicts, groups, judged).items():
             idx = [i for i, g in enumerate(groups) if g == group and suite.prompts[i].eps_eligible]
             eps = 100.0 * float(sum(contributions[i] for i in idx)) / len(idx) if idx else None
-            rows.append([group, None if cap.capability != cap.capability else cap.capability, cap.passed, cap.failed,
-                         cap.undecided, cap.coverage, eps, len(idx)])
-        render([by, "capability", "pass", "fail", "undecided", "coverage", "eps", "eps_prompts"], rows, fmt,
-               title=f"{model} by {by}")
+            # capability None: not judged (no judge verdict; missing-image FAILs alone are no figure)
+            rows.append([group, None if cap.capability != cap.capability else cap.capability, cap.counts, cap.judged,
+                         cap.passed, cap.failed, cap.undecided, cap.coverage, eps, len(idx)])
+        render([by, "capability", "decided", "judged", "pass", "fail", "undecided", "coverage", "eps", "eps_prompts"],
+               rows, fmt, title=f"{model} by {by}")
 
 
 @app.command()
@@ -610,11 +711,49 @@ def reference_verify(
         _warn_uncalibrated(ref.scorer.uncalibrated, OutputFormat.table)
 
 
+@reference_app.command("canary")
+def reference_canary(
+    version: Annotated[Optional[str], typer.Option(help="default: IMAGEBENCH_REFERENCE_VERSION")] = None,
+    fmt: Annotated[OutputFormat, typer.Option("--format", help="table, csv or json")] = OutputFormat.table,
+) -> None:
+    """Score the reference's golden set in this runtime and compare with the mu stored at build
+    (what every scoring run does first); exit 1 beyond the tolerance."""
+    with _user_errors():
+        settings = _settings()
+        if version:
+            settings = settings.model_copy(update={"reference_version": version})
+        from tasks import work
+        from rich.markup import escape
+
+        from tasks.golden import compare, load_golden_set, score_golden
+        from tasks.hpsv3.scorer import pin_intra_op_threads
+
+        suite = work.load_pinned_suite(settings)
+        spec = work.ScorerSpec.from_settings(settings)
+        ref = work.load_verified_reference(settings, suite, work.scorer_identity(spec).scorer_id)
+        golden = load_golden_set(settings.reference_dir, ref.golden.set if ref.golden else settings.golden_set)
+        scorer = work.get_scorer(spec)
+        pin_intra_op_threads(settings.hpsv3_threads)
+        mus, runtime = score_golden(scorer, golden, settings.batch_size)
+        result = compare(ref, golden, mus, runtime)
+        expected = {g.item_id: g.mu for g in ref.golden.items}
+        rows = [
+            {"item": it.item_id, "prompt_id": it.prompt_id, "mu_reference": expected[it.item_id], "mu_now": mu,
+             "drift": result.drifts[it.item_id], "within_tolerance": abs(result.drifts[it.item_id]) <= result.tolerance}
+            for it, mu in zip(golden.items, mus)
+        ]
+        _print_rows(rows, fmt, f"golden-set canary: reference {ref.version}")
+        err.print(("[green]ok[/]: " if result.passed else "[red]DRIFT[/]: ") + escape(result.describe()), highlight=False)
+        if not result.passed:
+            raise typer.Exit(1)
+
+
 def _catalog_or_exit(settings: Settings) -> Path:
-    path = settings.catalog_path
-    if not path.exists():
-        raise CliError(f"no catalog at {path}: score something first (`imagebench nightly`, `make demo`)")
-    return path
+    """The catalog, built from the lake and the pinned suite when missing or of an older format:
+    `prompts` and the views are there from the first command, before anything is scored."""
+    from tasks.models import ensure_catalog
+
+    return ensure_catalog(settings)[0]
 
 
 LEADERBOARD_SORTS = ("overall", "capability", "eps", "rank", "model_id", "judge_coverage", "eps_prompts_lost", "scored_at")
@@ -638,7 +777,7 @@ def leaderboard(
 ) -> None:
     """The leaderboard of the reference in force: Overall, Capability, EPS with 95% intervals,
     rank bands, judge coverage and flags (one row per model)."""
-    with _user_errors():
+    with _user_errors(log=False):
         if sort not in LEADERBOARD_SORTS:
             raise CliError(f"--sort {sort!r}: choose one of {', '.join(LEADERBOARD_SORTS)}")
         settings = _settings()
@@ -656,14 +795,12 @@ def leaderboard(
         if "uncalibrated" in columns:
             i = columns.index("uncalibrated")
             _warn_uncalibrated(any(r[i] for r in rows), fmt)
-        if "complete" in columns and fmt is OutputFormat.table:
-            i = columns.index("complete")
-            if any(not r[i] for r in rows):
-                err.print("[yellow]complete=False: missing or quarantined images counted as losses[/]")
+        if "flags" in columns and any("incomplete" in (r[columns.index("flags")] or "") for r in rows):
+            err.print("[yellow]incomplete (complete = false): missing or quarantined images counted as losses[/]")
 
 
 RUNS_TABLE_COLUMNS = (
-    "run_id", "flow", "status", "started_at", "total_s", "models_new", "models_incremental",
+    "run_id", "flow", "status", "stage", "started_at", "total_s", "models_new", "models_incremental",
     "models_replaced", "models_errored", "models_busy", "hps_images_scored", "verdicts_decided", "errors",
 )
 
@@ -678,15 +815,17 @@ def runs(
     with _user_errors():
         settings = _settings()
         from tasks.lake import Lake
+        from tasks.runstate import settle_crashed
 
+        settle_crashed(settings.home, settings.lake_dir)  # a running record whose process is gone: crashed
         table = Lake(settings.lake_dir).read_runs().sort_by([("started_at", "descending")]).slice(0, limit)
         names = list(RUNS_TABLE_COLUMNS) if fmt is OutputFormat.table else table.column_names
         rows = [tuple(r[c] for c in names) for r in table.select(names).to_pylist()]
         if fmt is OutputFormat.table:  # lists of models as counts: the terminal stays readable
             rows = [tuple((", ".join(v) if len(v) <= 2 else f"{len(v)}") if isinstance(v, list) else v for v in r) for r in rows]
         render(names, rows, fmt, title="imagebench runs")
-        if fmt is OutputFormat.table and any(r[names.index("status")] == "failed" for r in rows):
-            err.print("[red]failed runs: see their errors (imagebench runs --format json)[/]")
+        if fmt is OutputFormat.table and any(r[names.index("status")] in ("failed", "crashed") for r in rows):
+            err.print("[red]failed or crashed runs: see their error (imagebench runs --format json)[/]")
 
 
 @app.command()
@@ -695,7 +834,7 @@ def sql(
     fmt: Annotated[OutputFormat, typer.Option("--format")] = OutputFormat.table,
 ) -> None:
     """Run a read-only SQL query on the DuckDB catalog."""
-    with _user_errors():
+    with _user_errors(log=False):
         settings = _settings()
         # tasks.lake.query refuses anything but queries (EXPLAIN ANALYZE of a write included),
         # parsing on the read-only connection, which has no file access.
@@ -733,7 +872,7 @@ def serve(
     with _user_errors():
         settings = _settings()
         if not local_server:
-            _prefect(settings)
+            _prefect(settings, quiet=False)  # a server's console shows its runs' errors
             url = os.environ.get("PREFECT_API_URL")
             err.print(
                 f"serving on the Prefect API at {url}" if url else
@@ -769,7 +908,7 @@ def _serve_with_local_server(settings: Settings, port: int | None) -> None:
     # starts, talk to this server and keep their state beside it.
     os.environ["PREFECT_API_URL"] = server.api_url
     os.environ["PREFECT_HOME"] = str(server.home)
-    _prefect(settings)
+    _prefect(settings, quiet=False)  # a server's console shows its runs' errors
 
     stopping, died = threading.Event(), threading.Event()
 

@@ -19,8 +19,7 @@ from pathlib import Path
 from rich.console import Console
 
 from schemas.settings import DEFAULT_CHECKPOINT, load_settings
-
-DEMO_REFERENCE_VERSION = "demo"
+from tasks.reference import DEMO_REFERENCE_VERSION  # the reference hint knows the demo's too
 
 
 def _real_weights_available() -> bool:
@@ -63,17 +62,24 @@ def _pin_demo_definition(settings, console: Console) -> None:
     the real ones."""
     from tasks.reference import pin_suite
 
+    from tasks.golden import copy_golden_set
+
+    shipped = Path(__file__).resolve().parents[1] / "reference"
     for dst in (settings.suite_path, settings.routing_path):
-        src = Path(__file__).resolve().parents[1] / "reference" / dst.name
+        src = shipped / dst.name
         if not dst.exists():
             dst.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(src, dst)
         pin_suite(settings.reference_dir, dst)
+    copy_golden_set(shipped, settings.reference_dir, settings.golden_set)  # for the reference's canary
 
 
 def run_demo(console: Console) -> None:
     _configure(console)
     settings = load_settings()
+    # Saved before any work, so every later command in this workspace (score, nightly, backfill,
+    # serve and the flow runs it serves) uses the demo's reference and scorer without exports.
+    settings_file = write_workspace_settings(settings)
     from flows.env import prepare_prefect_env
 
     prepare_prefect_env(settings.home)
@@ -98,34 +104,43 @@ def run_demo(console: Console) -> None:
             console.print(f"building demo reference {settings.reference_version} from the baseline field")
             reference_build_flow(settings.reference_version, [m.model_id for m in BASELINE_FIELD])
         summary = nightly_flow()
-    console.print(
-        f"nightly: {summary['discovered']} models discovered, {len(summary['scored'])} scored, "
-        f"{len(summary['up_to_date'])} already up to date"
-    )
+    from flows.output import nightly_line
+
+    console.print(nightly_line(summary), highlight=False)
     from tasks.report import build_report
     from tasks.report_adapter import report_data_from_lake
 
     reference = work.load_verified_reference(settings, suite, None)
     index = build_report(report_data_from_lake(settings, suite, reference), settings.home / "report")
     console.print(f"report: [bold]{index}[/] (sortable leaderboard, Capability-vs-EPS plot, heatmaps, model pages)")
-    settings_file = _write_demo_settings(settings)
     console.print(
-        f"to keep working in the demo workspace (its reference and model): "
-        f"[bold]export IMAGEBENCH_CONFIG={settings_file}[/]"
+        f"the demo's settings (reference, scorer) are saved in [bold]{settings_file}[/]: `imagebench score`, "
+        "`nightly`, `backfill` and `serve` in this workspace use them (environment variables still win)"
     )
 
 
-def _write_demo_settings(settings) -> Path:
-    """A settings file that points later commands at the demo's reference and scorer."""
+DEMO_SETTING_KEYS = ("reference_dir", "reference_version", "hpsv3_base_model", "hpsv3_checkpoint")
+
+
+def write_workspace_settings(settings) -> Path:
+    """Write the demo's reference and scorer into ``<home>/imagebench.yaml`` (the workspace
+    settings file schemas/settings.py reads below env vars and IMAGEBENCH_CONFIG). Other keys
+    already in the file are kept; paths are written absolute, so any working directory works."""
     import yaml
 
-    path = settings.home / "demo-settings.yaml"
-    values = {
-        "home": str(settings.home.resolve()),
-        "reference_dir": str(settings.reference_dir.resolve()),
-        "reference_version": settings.reference_version,
-        "hpsv3_base_model": settings.hpsv3_base_model,
-        "hpsv3_checkpoint": settings.hpsv3_checkpoint,
-    }
-    path.write_text(yaml.safe_dump(values, sort_keys=True))
+    from schemas.settings import WORKSPACE_SETTINGS_FILE
+
+    path = settings.home / WORKSPACE_SETTINGS_FILE
+    values = yaml.safe_load(path.read_text()) if path.is_file() else {}
+    values = values if isinstance(values, dict) else {}
+    for key in DEMO_SETTING_KEYS:
+        value = getattr(settings, key)
+        if key == "reference_dir" or (key.startswith("hpsv3_") and Path(str(value)).exists()):
+            value = str(Path(value).resolve())  # a local path, not a hub id
+        values[key] = value
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".yaml.tmp")
+    tmp.write_text("# Written by `imagebench demo`: settings of this workspace (env vars and IMAGEBENCH_CONFIG win).\n"
+                   + yaml.safe_dump(values, sort_keys=True))
+    tmp.replace(path)
     return path

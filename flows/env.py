@@ -6,15 +6,31 @@ import os
 from pathlib import Path
 
 
+class WorkspaceError(OSError):
+    """The workspace (or Prefect's home inside it) cannot be created."""
+
+
 def prepare_prefect_env(home: Path) -> None:
     """Keep Prefect's state inside the workspace and quiet on the embedded (ephemeral) API.
 
     Only defaults: a user pointing PREFECT_API_URL at a real server keeps it.
     """
     os.environ.setdefault("PREFECT_HOME", str((home / "prefect").resolve()))
+    # A new workspace: Prefect creates its home without parents, and its ephemeral server then
+    # fails to open its database (a 90 s wait and pages of tracebacks). Create both here.
+    for path, what in ((Path(home), "workspace (IMAGEBENCH_HOME)"), (Path(os.environ["PREFECT_HOME"]), "PREFECT_HOME")):
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise WorkspaceError(f"cannot create the {what} {path}: {exc.strerror or exc}") from None
     # Without this the ephemeral server prints a "database is locked" telemetry traceback.
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "90")
     os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    if not os.environ.get("PREFECT_API_URL"):
+        # Embedded mode: the ephemeral API server this process may start must not outlive it.
+        from flows.ephemeral import guard_ephemeral_server
+
+        guard_ephemeral_server()

@@ -63,12 +63,59 @@ def render(
         from rich.console import Console
         from rich.table import Table
 
-        table = Table(title=title, show_lines=False)
-        for c in columns:
-            table.add_column(c, overflow="fold")
-        for row in rows:
-            table.add_row(*(_cell(v) for v in row))
         console = Console(file=out)
         if not console.is_terminal:
             console = Console(file=out, width=240)  # piped: never fold cells into slivers
+        cells = [[_cell(v) for v in row] for row in rows]
+        if table_width(columns, cells) > console.width:
+            # Too wide to read as columns (34 of them from `select *`): one block per record.
+            out.write(vertical(columns, cells, title))
+            return
+        table = Table(title=title, show_lines=False)
+        for c in columns:
+            table.add_column(c, overflow="fold")
+        for row in cells:
+            table.add_row(*row)
         console.print(table)
+
+
+def table_width(columns: Sequence[str], cells: Sequence[Sequence[str]]) -> int:
+    """Characters a rich table needs to show every cell unfolded (borders and padding included)."""
+    widths = [max([len(c)] + [len(r[i]) for r in cells]) for i, c in enumerate(columns)]
+    return sum(widths) + 3 * len(widths) + 1
+
+
+def vertical(columns: Sequence[str], cells: Sequence[Sequence[str]], title: str | None = None) -> str:
+    """psql's expanded display: ``-[ RECORD n ]`` then one ``column | value`` line per column."""
+    name_w = max((len(c) for c in columns), default=0)
+    value_w = min(60, max((len(v) for row in cells for v in row), default=0))
+    lines = [title] if title else []
+    for n, row in enumerate(cells, 1):
+        head = f"-[ RECORD {n} ]"
+        lines.append(head + "-" * max(1, name_w + 3 + value_w - len(head)))
+        lines += [f"{c:<{name_w}} | {v}" for c, v in zip(columns, row)]
+    if not cells:
+        lines.append("(0 rows)")
+    return "\n".join(lines) + "\n"
+
+
+def nightly_line(summary: dict) -> str:
+    """One line that adds up: every discovered model in exactly one disposition, each named."""
+    errored = set(summary.get("errored", []))
+    up_to_date = [m for m in summary.get("up_to_date", []) if m not in errored]
+    rejudged = len(set(summary.get("rejudged", [])) & set(up_to_date))
+    parts = [
+        ("scored", len(summary.get("scored", []))),
+        ("unchanged (same images)", len([m for m in summary.get("unchanged", []) if m not in errored])),
+        (f"up to date ({rejudged} with new verdicts)", len(up_to_date)),
+        ("busy (another run holds them)", len(summary.get("busy", []))),
+        ("retired", len(summary.get("retired", []))),
+        ("invalid", len(summary.get("invalid", {}))),
+        ("errored", len(errored)),
+    ]
+    discovered = int(summary.get("discovered", 0))
+    left = discovered - sum(n for _, n in parts)
+    if left > 0:  # never print a sum that does not add up: whatever is left is named too
+        parts.append(("without a result (see `imagebench runs`)", left))
+    shown = [f"{n} {label}" for label, n in parts if n or label == "scored"]
+    return f"nightly: {discovered} models discovered: " + ", ".join(shown)

@@ -25,7 +25,8 @@ from schemas import lake as lake_schemas
 from schemas.reference import ReferenceFile
 from schemas.settings import Settings, load_settings
 from flows import runners
-from tasks import progress, work
+from tasks import progress, runstate, work
+from tasks.golden import CanaryDrift, GoldenSetError
 from tasks.lake import LakeCorrupt
 from tasks.locks import ModelBusy, model_lock
 from tasks.redact import redact
@@ -33,6 +34,8 @@ from tasks.runrecord import RunRecord
 from tasks.suite import Suite
 
 GPU_TAG = "gpu"
+# Errors that stop the whole run rather than one model: the golden-set canary's.
+REFUSE_RUN = (CanaryDrift, GoldenSetError)
 MODELS_PER_WAVE = 64  # models whose ingest/HPSv3/judging overlap in one nightly wave
 INGEST_AHEAD = 2  # ingests in flight ahead of the model being planned
 
@@ -56,6 +59,16 @@ def ingest_task(settings: Settings, suite: Suite, model_id: str) -> tuple[work.I
 @task(name="hpsv3-batch", tags=[GPU_TAG], cache_policy=NO_CACHE)
 def hps_batch_task(settings: Settings, suite: Suite, batch: work.HpsBatch, spec: work.ScorerSpec) -> tuple[Path, float]:
     return work.score_hps_batch_timed(settings, suite, batch, spec)  # inference seconds, not device waits
+
+
+@task(name="golden-canary", tags=[GPU_TAG], cache_policy=NO_CACHE)
+def canary_task(settings: Settings, reference: ReferenceFile, spec: work.ScorerSpec):
+    return work.check_runtime(settings, reference, spec)
+
+
+@task(name="golden-set", tags=[GPU_TAG], cache_policy=NO_CACHE)
+def golden_task(settings: Settings, spec: work.ScorerSpec):
+    return work.golden_for_reference(settings, spec)
 
 
 @task(name="judge-batch", cache_policy=NO_CACHE)
@@ -135,6 +148,20 @@ class Run:
     spec: work.ScorerSpec | None = None
     setup: work.JudgeSetup | None = None
     rejudge: bool = False
+    canary: object | None = None  # tasks.golden.CanaryResult, once the run has checked its runtime
+
+    def check_runtime(self) -> None:
+        """Before the run's first HPSv3 batch, the golden-set canary where the batches run (a
+        GPU worker): CanaryDrift propagates and the run refuses before anything is scored."""
+        if self.canary is not None:
+            return
+        with runners.gpu_request():
+            future = canary_task.submit(self.settings, self.reference, self.spec)
+        self.record.add(prefect_tasks=1)
+        self.canary = future.result()
+        self.record.runtime = self.canary.runtime.to_json()
+        self.record.canary_max_drift = self.canary.max_drift
+        get_run_logger().info("%s", self.canary.describe())
 
     @property
     def run_id(self) -> str:
@@ -152,9 +179,12 @@ class Run:
 
 
 def _start_run(flow_name: str, settings: Settings, parameters: dict) -> RunRecord:
+    """The run's record, written to the lake as `running` now and at each stage (tasks.runstate),
+    so a killed run shows as `crashed` with how far it got; earlier runs whose process died are
+    settled as such first."""
     ctx = get_run_context()
     flow_run = getattr(ctx, "flow_run", None)
-    return RunRecord(
+    record = RunRecord(
         run_id=_run_id(),
         flow=flow_name,
         suite_version=settings.suite_version,
@@ -163,6 +193,14 @@ def _start_run(flow_name: str, settings: Settings, parameters: dict) -> RunRecor
         flow_run_id=str(flow_run.id) if flow_run else None,
         deployment=str(flow_run.deployment_id) if flow_run and flow_run.deployment_id else None,
     )
+    logger = get_run_logger()
+    try:
+        for row in runstate.settle_crashed(settings.home, settings.lake_dir):
+            logger.warning("%s", runstate.describe(row))
+        runstate.RunJournal(settings.home, settings.lake_dir, record).start()
+    except Exception as exc:  # noqa: BLE001 - as in _finish_run: the record must not stop the run
+        logger.error("could not write the start of the run record to the lake: %s", redact(str(exc)))
+    return record
 
 
 def _finish_run(settings: Settings, record: RunRecord, error: BaseException | None = None) -> dict:
@@ -182,6 +220,9 @@ def _finish_run(settings: Settings, record: RunRecord, error: BaseException | No
         Lake(settings.lake_dir).write_run(row)
     except Exception as exc:  # noqa: BLE001 - the record must not hide the run's own outcome
         logger.error("could not write the run record to the lake: %s", redact(str(exc)))
+    finally:
+        if record.journal is not None:
+            record.journal.release()  # after the final record: a reader never takes it for crashed
     markdown = record.markdown(row)
     try:
         create_markdown_artifact(markdown=markdown, key=f"imagebench-{record.flow}", description=f"{record.flow} run {record.run_id}")
@@ -254,6 +295,8 @@ def _score_models(run: Run, model_ids: list[str], refuse_busy: bool = False) -> 
     rows: list[dict] = []
     with ExitStack() as locks:
         model_ids = _lock_models(run, locks, model_ids, refuse_busy)
+        few = len(model_ids) <= 8  # record every step; with more models, at most once a second
+        record.enter("ingest", force=True)
         # Ingest stays INGEST_AHEAD models ahead of planning: a model's HPSv3 batches queue right
         # behind its ingest, so the device starts after the first model, not after all of them.
         ingests: dict[str, object] = {}
@@ -291,10 +334,14 @@ def _score_models(run: Run, model_ids: list[str], refuse_busy: bool = False) -> 
                 record.add(hps_images_scored=sum(len(b) for b in plan) - resumed, hps_images_resumed=resumed,
                            prefect_tasks=len(plan))
                 if plan:
+                    run.check_runtime()  # once per run, before its first batch
                     progress.advance(f"hpsv3 {model_id}", sum(len(b) for b in plan), 0)
                 with runners.gpu_request():
                     batches[model_id] = [hps_batch_task.submit(settings, suite, b, run.spec) for b in plan]
                 judging[model_id] = _submit_judging(run, model_id)
+                record.enter(f"hpsv3/judge {model_id}", force=few)
+            except REFUSE_RUN:
+                raise  # the runtime does not reproduce the reference: no model is scored
             except Exception as exc:  # noqa: BLE001 - recorded; the other models go on
                 run.model_failed(model_id, exc)
         for model_id in batches:
@@ -303,6 +350,7 @@ def _score_models(run: Run, model_ids: list[str], refuse_busy: bool = False) -> 
                 judged = [f.result() for f in judging[model_id]]
                 record.timed("hpsv3", sum(s for _, s in hps))
                 record.timed("judge", sum(s for _, s in judged))
+                record.enter(f"commit {model_id}", force=few)
                 result, seconds = commit_task(
                     settings, suite, run.reference, model_id, scorer_id,
                     [p for p, _ in hps], [p for p, _ in judged], run.run_id,
@@ -346,6 +394,7 @@ def _judge_only(run: Run, model_ids: list[str]) -> list[dict]:
 
 
 def _refresh(run: Run) -> None:
+    run.record.enter("catalog", force=True)
     _, seconds = refresh_task(run.settings, run.suite)
     run.record.timed("catalog", seconds)
     run.record.add(prefect_tasks=1)
@@ -357,6 +406,31 @@ def _end(run: Run) -> None:
     if row["status"] == "failed":
         raise RunFailed(f"{run.record.flow} run {run.run_id} finished with errors: " + "; ".join(
             (row["errors"] + row["corrupt_files"])[:5]))
+
+
+def _results_under_new_reference(run: Run, version: str, scorer_id: str, baseline_models: list[str]) -> list[str]:
+    """Give every model already scored by the reference's scorer its result (EPS) under the new
+    reference, the baseline field first: without this the leaderboard stays empty until each
+    model is scored again. Nothing is re-scored. A model whose scores do not cover its current
+    images (a run killed midway) or that another run holds is left to the next run, logged."""
+    logger = get_run_logger()
+    settings = run.settings.model_copy(update={"reference_version": version})
+    reference = work.load_verified_reference(settings, run.suite, scorer_id)
+    scored = work.models_scored_by(settings, scorer_id)
+    order = [m for m in baseline_models if m in scored] + [m for m in scored if m not in baseline_models]
+    done = []
+    for model_id in order:
+        with ExitStack() as locks:
+            if not _lock_models(run, locks, [model_id], refuse_busy=False):
+                continue
+            try:
+                work.aggregate_model(settings, run.suite, reference, model_id, run.run_id, None)
+            except Exception as exc:  # noqa: BLE001 - this model only; the next run scores it
+                logger.warning("%s: no result under reference %s yet: %s", model_id, version, redact(str(exc)))
+                continue
+        done.append(model_id)
+    logger.info("reference %s: results for %d models already scored by its scorer", version, len(done))
+    return done
 
 
 # ---- flows ----------------------------------------------------------------------------------
@@ -441,12 +515,15 @@ def nightly_flow(rejudge: bool = False) -> dict:
         reference = work.load_verified_reference(settings, suite, identity.scorer_id)
         record.scorer_id = identity.scorer_id
         run = Run(settings, suite, reference, record, spec, work.load_judge_setup(settings), rejudge)
+        run.record.enter("discover", force=True)
         recover = set_aside_corrupt(run)  # models that lost a partition: ingested again below
         plans = work.discover_models(settings, suite, reference)
         for p in plans:
             if p.status == "invalid":
                 logger.error("skipping object-store folder %r: %s", p.model_id, p.detail)
                 record.mark(p.model_id, "invalid")
+            elif p.status == "retired":
+                logger.info("skipping %r: %s (imagebench models unretire %s)", p.model_id, p.detail, p.model_id)
             elif p.status == "up_to_date" and p.model_id not in recover:
                 record.mark(p.model_id, "up_to_date")
         todo = [p.model_id for p in plans if p.status == "candidate" or (p.status == "up_to_date" and p.model_id in recover)]
@@ -475,6 +552,7 @@ def nightly_flow(rejudge: bool = False) -> dict:
         "rejudged": [r["model_id"] for r in rejudged],
         "up_to_date": up_to_date,
         "invalid": {p.model_id: p.detail for p in plans if p.status == "invalid"},
+        "retired": [p.model_id for p in plans if p.status == "retired"],
         "busy": record.models("busy"),
         "errored": record.models("errored"),
         "errors": list(record.errors),
@@ -511,6 +589,7 @@ def reference_build_flow(version: str, baseline_models: list[str], scorer_name: 
 
             raise ReferenceExists(f"{target} already exists: references are immutable, choose a new version")
         run = Run(settings, suite, None, record)
+        golden = None  # imported scores: no scorer here to run the golden set with
         if scorer_name:
             identity = work.imported_identity(scorer_name)
         else:
@@ -527,6 +606,8 @@ def reference_build_flow(version: str, baseline_models: list[str], scorer_name: 
                     record.mark(m, "new")
                     plan = work.plan_hps_batches(settings, suite, m, identity.scorer_id, settings.task_batch_size)
                     record.add(hps_images_scored=sum(len(b) for b in plan), prefect_tasks=1 + len(plan))
+                    if plan:  # the bar's total, before any batch reports (else "hpsv3 M 165/?")
+                        progress.advance(f"hpsv3 {m}", sum(len(b) for b in plan), 0)
                     with runners.gpu_request():
                         futures[m] = [hps_batch_task.submit(settings, suite, b, spec) for b in plan]
                 for m in baseline_models:
@@ -534,7 +615,13 @@ def reference_build_flow(version: str, baseline_models: list[str], scorer_name: 
                     record.timed("hpsv3", sum(sec for _, sec in hps))
                     _, seconds = commit_task(settings, suite, None, m, identity.scorer_id, [p for p, _ in hps], [], record.run_id)
                     record.timed("commit", seconds)
+            # The golden set's mu in this runtime: what every later run's canary compares against.
+            with runners.gpu_request():
+                golden = golden_task.submit(settings, spec).result()
+            record.add(prefect_tasks=1)
+            record.runtime = golden.runtime.to_json()
         record.scorer_id = identity.scorer_id
+        record.enter("build reference", force=True)
         path = build_reference(
             version=version,
             baseline_models=baseline_models,
@@ -543,7 +630,9 @@ def reference_build_flow(version: str, baseline_models: list[str], scorer_name: 
             scorer=identity,
             reference_dir=settings.reference_dir,
             created_at=work.utcnow().isoformat(),
+            golden=golden,
         )
+        _results_under_new_reference(run, version, identity.scorer_id, baseline_models)
         _refresh(run)
     except BaseException as exc:
         _finish_run(settings, record, exc)

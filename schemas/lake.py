@@ -78,6 +78,9 @@ HPS_SCORES = pa.schema(
         pa.field("source", pa.string(), nullable=False),  # "hpsv3" (scored here) or "import"
         pa.field("uncalibrated", pa.bool_(), nullable=False),  # demo weights: not a real HPSv3 score
         pa.field("scored_at", TS, nullable=False),
+        # The ScorerRuntime that computed mu, as canonical JSON (library versions, device, dtype,
+        # rotary mode, attention kernel, forward batch size, threads); null for imported scores.
+        pa.field("runtime", pa.string()),
     ]
 )
 
@@ -184,7 +187,9 @@ TABLES: dict[str, pa.Schema] = {
 # ``<lake>/runs/run_id=<run_id>/data.parquet``. Stage seconds are busy time summed over that
 # stage's tasks (stages overlap: HPSv3 and judges run side by side), total_s is wall time.
 
-RUN_STATUSES = ("completed", "failed")
+# "running": written when the run starts and at each stage; "crashed": a running record whose
+# process is gone (tasks/runstate.py), rewritten so by the next run or `imagebench runs`.
+RUN_STATUSES = ("running", "completed", "failed", "crashed")
 
 # Discovery outcome of each model in a run (see docs/OPERATIONS.md, "What nightly scores").
 MODEL_DISPOSITIONS = (
@@ -210,7 +215,12 @@ RUNS = pa.schema(
         pa.field("suite_version", pa.string(), nullable=False),
         pa.field("reference_version", pa.string(), nullable=False),
         pa.field("scorer_id", pa.string()),
+        # The ScorerRuntime the run scored in (canonical JSON) and the golden-set canary's largest
+        # |drift| against the reference's build runtime; null when the run scored nothing.
+        pa.field("runtime", pa.string()),
+        pa.field("canary_max_drift", pa.float64()),
         pa.field("status", pa.string(), nullable=False),
+        pa.field("stage", pa.string()),  # the last stage the run entered (how far a crashed run got)
         pa.field("error", pa.string()),
         pa.field("started_at", TS, nullable=False),
         pa.field("finished_at", TS, nullable=False),
@@ -232,3 +242,23 @@ RUNS = pa.schema(
 )
 
 RUN_TABLES: dict[str, pa.Schema] = {"runs": RUNS}
+
+# ---- the model registry -----------------------------------------------------------------------
+# Append-only record of what people decided about a model (`imagebench models retire/unretire`):
+# ``<lake>/model_events/model_id=<id>/data.parquet``, rows only ever added. A model whose latest
+# event is "retired" is hidden from the leaderboard (the view reads this table) and skipped by the
+# nightly; its rows stay in the lake. Written only by tasks/models.py.
+
+MODEL_EVENT_KINDS = ("retired", "unretired")
+
+MODEL_EVENTS = pa.schema(
+    [
+        pa.field("model_id", pa.string(), nullable=False),
+        pa.field("event", pa.string(), nullable=False),  # one of MODEL_EVENT_KINDS
+        pa.field("reason", pa.string(), nullable=False),  # why, as the person gave it
+        pa.field("actor", pa.string(), nullable=False),  # who: --by, else user@host
+        pa.field("at", TS, nullable=False),  # when
+    ]
+)
+
+REGISTRY_TABLES: dict[str, pa.Schema] = {"model_events": MODEL_EVENTS}

@@ -1,7 +1,9 @@
 """One settings object decides where everything lives (workspace, reference, object store, scorer).
 
 Values come from ``IMAGEBENCH_*`` environment variables, then from an optional YAML file named by
-``IMAGEBENCH_CONFIG``, then from the defaults below (the embedded local workspace).
+``IMAGEBENCH_CONFIG``, then from the workspace's own settings file ``<home>/imagebench.yaml``
+(written by ``imagebench demo``; found without exporting anything), then from the defaults below
+(the embedded local workspace).
 """
 
 from __future__ import annotations
@@ -23,8 +25,54 @@ DEFAULT_REFERENCE_VERSION = "v1"
 VERSION_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 
 
+WORKSPACE_SETTINGS_FILE = "imagebench.yaml"  # in the workspace (<home>), below env and IMAGEBENCH_CONFIG
+DEFAULT_HOME = Path("data")
+
+
+class WorkspaceSettingsSource(PydanticBaseSettingsSource):
+    """``<home>/imagebench.yaml``: the settings a workspace carries for every later command in it.
+
+    ``home`` is located from the sources above it (arguments, ``IMAGEBENCH_HOME``, the
+    ``IMAGEBENCH_CONFIG`` file) or the default ``./data``; a ``home`` key inside the file is
+    ignored (the file cannot move the workspace it lives in).
+    """
+
+    def __init__(
+        self,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        config_file: PydanticBaseSettingsSource | None,
+    ):
+        super().__init__(settings_cls)
+        # Read directly (not through the env source): RunnerSettings has no ``home`` field.
+        home = (
+            init_settings().get("home")
+            or os.environ.get("IMAGEBENCH_HOME")
+            or (config_file().get("home") if config_file is not None else None)
+            or DEFAULT_HOME
+        )
+        self.path = Path(os.path.expanduser(str(home))) / WORKSPACE_SETTINGS_FILE
+
+    def get_field_value(self, field, field_name):  # values come from __call__ as a whole
+        return None, field_name, False
+
+    def __call__(self) -> dict[str, object]:
+        if not self.path.is_file():
+            return {}
+        import yaml
+
+        try:
+            values = yaml.safe_load(self.path.read_text()) or {}
+        except (OSError, yaml.YAMLError) as exc:
+            raise ValueError(f"workspace settings {self.path}: unreadable YAML ({exc})") from None
+        if not isinstance(values, dict):
+            raise ValueError(f"workspace settings {self.path}: expected a mapping, got {type(values).__name__}")
+        return {k: v for k, v in values.items() if k != "home"}
+
+
 class _EnvThenYaml(BaseSettings):
-    """Reads IMAGEBENCH_* from the environment, then the IMAGEBENCH_CONFIG YAML file."""
+    """Reads IMAGEBENCH_* from the environment, then the IMAGEBENCH_CONFIG YAML file, then the
+    workspace's imagebench.yaml."""
 
     model_config = SettingsConfigDict(env_prefix="IMAGEBENCH_", extra="ignore")
 
@@ -39,10 +87,13 @@ class _EnvThenYaml(BaseSettings):
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
         config_file = os.environ.get("IMAGEBENCH_CONFIG")
+        config_source = None
         if config_file:
             if not Path(config_file).is_file():
                 raise FileNotFoundError(f"IMAGEBENCH_CONFIG={config_file}: no such file")
-            sources.append(YamlConfigSettingsSource(settings_cls, yaml_file=config_file))
+            config_source = YamlConfigSettingsSource(settings_cls, yaml_file=config_file)
+            sources.append(config_source)
+        sources.append(WorkspaceSettingsSource(settings_cls, init_settings, config_source))
         return tuple(sources)
 
 
@@ -61,7 +112,7 @@ class RunnerSettings(_EnvThenYaml):
 class Settings(RunnerSettings):
     """Every setting (the runner's included)."""
 
-    home: Path = Field(default=Path("data"), description="workspace: lake, catalog, image cache")
+    home: Path = Field(default=DEFAULT_HOME, description="workspace: lake, catalog, image cache")
     reference_dir: Path = Field(default=Path("reference"), description="frozen suite + references")
     reference_version: str = DEFAULT_REFERENCE_VERSION
     suite_version: str = DEFAULT_SUITE_VERSION
@@ -74,9 +125,19 @@ class Settings(RunnerSettings):
     hpsv3_checkpoint: str = DEFAULT_CHECKPOINT
     device: Literal["auto", "cpu", "cuda"] = "auto"
     dtype: Literal["auto", "float32", "bfloat16"] = "auto"
+    # HPSv3 rotary arithmetic (docs/HPSV3.md): "official" = bf16-rounded frequencies, as trained
+    # and published, on any dtype; "float32" = exact frequencies (= the official code run in float32).
+    hpsv3_rotary: Literal["official", "float32"] = "official"
     batch_size: int = Field(default=8, ge=1, le=1024)
     task_batch_size: int = Field(default=64, ge=1, description="images per Prefect HPSv3 task")
     gpu_concurrency: int = Field(default=1, ge=1)
+    # torch intra-op threads for HPSv3, pinned in every process that scores (CLI, in-process flow,
+    # Dask worker: Dask sets OMP_NUM_THREADS=1 in its workers) and recorded with each score.
+    # 0 = the cores this process may run on (not OMP_NUM_THREADS, which differs by launcher).
+    hpsv3_threads: int = Field(default=0, ge=0, le=1024)
+    # The pinned golden set a new reference stores mu for (reference/<name>.jsonl); the canary
+    # of a run uses the set named in the reference in force.
+    golden_set: str = "golden-v1"
 
     # Judges: the routing is part of the benchmark definition (reference/judges-routing-<v>.yaml,
     # pinned in SHA256SUMS); the endpoints are this deployment's (YAML, see judges.example.yaml).
@@ -90,7 +151,7 @@ class Settings(RunnerSettings):
     # A second run touching a model another run is scoring waits this long for it, then refuses.
     model_lock_wait_s: float = Field(default=0.0, ge=0)
 
-    @field_validator("reference_version", "suite_version", "routing_version")
+    @field_validator("reference_version", "suite_version", "routing_version", "golden_set")
     @classmethod
     def _version_is_a_name(cls, v: str) -> str:
         # Versions become file names (suite-<v>.jsonl, eps-reference-<v>.json) and SQL literals.

@@ -167,6 +167,7 @@ def import_scores_file(settings: Settings, suite: Suite, path: Path, scorer_name
                 "source": ["import"] * n,
                 "uncalibrated": [False] * n,
                 "scored_at": [now] * n,
+                "runtime": [None] * n,  # computed elsewhere: its runtime is not known here
             },
             schema=lake_schemas.HPS_SCORES,
         )

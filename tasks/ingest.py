@@ -23,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import io
 import logging
+import re
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
@@ -111,10 +112,22 @@ def _rawmodes(im: Image.Image) -> list[str]:
     return out
 
 
-def _open_error(name: str, exc: BaseException, stage: str) -> Rejected:
+def _bomb(name: str, size: str, max_px: int) -> Rejected:
+    """One message for both guards (ours from the header, Pillow's at open), stating the limit
+    as the docs do: ``40 MP (40,000,000 pixels)``."""
+    return Rejected(
+        "decompression_bomb",
+        f"{name}: {size} exceeds the limit of {max_px / 1e6:g} MP ({max_px:,} pixels; decompression-bomb guard); "
+        "nothing was decoded",
+    )
+
+
+def _open_error(name: str, exc: BaseException, stage: str, max_px: int) -> Rejected:
     msg = str(exc) or type(exc).__name__
     if isinstance(exc, Image.DecompressionBombError) or "decompressed data too large" in msg.lower():
-        return Rejected("decompression_bomb", f"{name}: {msg}")
+        # Pillow's text names its own limit (178,956,970 pixels), not the one in force here.
+        pixels = re.search(r"\((\d+) pixels\)", msg)
+        return _bomb(name, f"{int(pixels.group(1)):,} pixels" if pixels else "the decompressed image", max_px)
     if "truncat" in msg.lower():
         return Rejected("truncated", f"{name}: image data is truncated ({msg}); re-upload the complete file")
     if isinstance(exc, Image.UnidentifiedImageError):
@@ -142,21 +155,17 @@ def inspect_image(data: bytes, name: str, limits: ImageLimits = DEFAULT_LIMITS) 
     try:
         im = Image.open(io.BytesIO(data))
     except Exception as exc:  # noqa: BLE001 - any decoder failure is this object's problem
-        raise _open_error(name, exc, "open") from exc
+        raise _open_error(name, exc, "open", limits.effective_max_pixels()) from exc
     with im:
         width, height = im.size
         fmt = im.format or "unknown"
         max_px = limits.effective_max_pixels()
         if width * height > max_px:
-            raise Rejected(
-                "decompression_bomb",
-                f"{name}: {width}x{height} = {width * height} pixels exceeds the limit of {max_px} pixels "
-                "(decompression-bomb guard); nothing was decoded",
-            )
+            raise _bomb(name, f"{width}x{height} = {width * height:,} pixels", max_px)
         try:
             frames = int(getattr(im, "n_frames", 1) or 1)
         except Exception as exc:  # noqa: BLE001 - broken frame table
-            raise _open_error(name, exc, "read frames of") from exc
+            raise _open_error(name, exc, "read frames of", limits.effective_max_pixels()) from exc
         if frames > 1 or getattr(im, "is_animated", False):
             also = "" if fmt in ACCEPTED_FORMATS else f" ({fmt} is not an accepted format either)"
             raise Rejected(
@@ -194,7 +203,7 @@ def inspect_image(data: bytes, name: str, limits: ImageLimits = DEFAULT_LIMITS) 
         try:
             im.load()
         except Exception as exc:  # noqa: BLE001
-            raise _open_error(name, exc, "decode") from exc
+            raise _open_error(name, exc, "decode", limits.effective_max_pixels()) from exc
         return ImageInfo(format=fmt, width=width, height=height, mode=im.mode)
 
 

@@ -31,7 +31,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from schemas.lake import RUN_TABLES, RUNS, TABLES
+from schemas.lake import REGISTRY_TABLES, RUN_TABLES, RUNS, TABLES
 from tasks.storage import validate_model_id  # one rule for model ids: ^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$, no '..'
 
 if TYPE_CHECKING:
@@ -56,7 +56,7 @@ DATA_FILE = "data.parquet"
 SCHEMA_DIR = "_schema"  # <lake>/<table>/_schema/data.parquet: typed, zero rows
 PARTITION_PREFIX = "model_id="
 COMPRESSION = "zstd"
-CATALOG_FORMAT = "imagebench-catalog/1"
+CATALOG_FORMAT = "imagebench-catalog/2"  # /2: model_events view; leaderboard honours retirements
 
 PROMPTS_SCHEMA = pa.schema(
     [
@@ -96,9 +96,10 @@ class QueryError(LakeError):
 
 def _schema_of(table: str) -> pa.Schema:
     try:
-        return TABLES[table] if table in TABLES else RUN_TABLES[table]
+        return TABLES[table] if table in TABLES else RUN_TABLES[table] if table in RUN_TABLES else REGISTRY_TABLES[table]
     except KeyError:
-        raise ValueError(f"unknown lake table {table!r}; tables: {sorted(TABLES) + sorted(RUN_TABLES)}") from None
+        known = sorted(TABLES) + sorted(RUN_TABLES) + sorted(REGISTRY_TABLES)
+        raise ValueError(f"unknown lake table {table!r}; tables: {known}") from None
 
 
 RUN_PARTITION_PREFIX = "run_id="
@@ -329,6 +330,16 @@ class Lake:
         _atomic_write_parquet(data, path)
         return path
 
+    def read_run(self, run_id: str) -> dict[str, Any] | None:
+        """One run's record as a dict, or None when it has none."""
+        if not _RUN_ID_RE.fullmatch(str(run_id)) or ".." in str(run_id):
+            raise ValueError(f"invalid run id {run_id!r}")
+        path = self.table_dir("runs") / f"{RUN_PARTITION_PREFIX}{run_id}" / DATA_FILE
+        if not path.is_file():
+            return None
+        rows = self._read_file("runs", path).to_pylist()
+        return rows[0] if rows else None
+
     def read_runs(self) -> pa.Table:
         tdir = self.table_dir("runs")
         entries = sorted(tdir.iterdir()) if tdir.is_dir() else []
@@ -443,16 +454,30 @@ LEADERBOARD_COLUMNS = (
 )
 
 
+# Models whose latest model_events row is a retirement (imagebench models retire): who, when, why.
+RETIRED_MODELS_SQL = """
+CREATE VIEW retired_models AS
+SELECT model_id, reason, actor, "at" AS retired_at FROM model_events
+QUALIFY row_number() OVER (PARTITION BY model_id ORDER BY "at" DESC, event DESC) = 1 AND event = 'retired'
+"""
+
+
 def _leaderboard_sql(suite_version: str, reference_version: str) -> str:
     """Latest model_scores row per model, with arena-style rank bands on Overall (EPS when no
     model has a Capability yet): rank = 1 + models whose lower bound is above this upper bound;
     rank_worst = models whose upper bound reaches this lower bound (the model itself included)."""
-    cols = ", ".join(f"l.{_ident(c)}" for c in LEADERBOARD_COLUMNS)
+    # `complete` is recomputed from the image counts, so rows written before that definition
+    # (docs/LAKE.md, "complete") read the same as new ones; retired models are left out.
+    cols = ", ".join(
+        "(l.complete AND l.images_quarantined = 0 AND l.images_missing = 0) AS complete" if c == "complete"
+        else f"l.{_ident(c)}" for c in LEADERBOARD_COLUMNS
+    )
     return f"""
 CREATE VIEW leaderboard AS
 WITH latest AS (
     SELECT * FROM model_scores
     WHERE suite_version = {_sql_str(suite_version)} AND reference_version = {_sql_str(reference_version)}
+      AND model_id NOT IN (SELECT model_id FROM retired_models)
     QUALIFY row_number() OVER (PARTITION BY model_id ORDER BY scored_at DESC, run_id DESC) = 1
 ),
 axis AS (SELECT bool_and(overall IS NOT NULL) AS use_overall FROM latest),
@@ -490,7 +515,7 @@ def refresh_catalog(
     catalog = Path(catalog_path).resolve()
     catalog.parent.mkdir(parents=True, exist_ok=True)
     lake.root.mkdir(parents=True, exist_ok=True)
-    for table in (*TABLES, *RUN_TABLES):
+    for table in (*TABLES, *RUN_TABLES, *REGISTRY_TABLES):
         lake.ensure_schema_file(table)
     lake.check_files()
 
@@ -499,7 +524,7 @@ def refresh_catalog(
     try:
         con = duckdb.connect(str(tmp))
         try:
-            for table in (*TABLES, *RUN_TABLES):
+            for table in (*TABLES, *RUN_TABLES, *REGISTRY_TABLES):
                 con.execute(_table_view_sql(lake.root, table))
             rows = suite.rows()
             prompts = pa.Table.from_pylist(
@@ -521,6 +546,7 @@ def refresh_catalog(
             con.register("_info_src", info)
             con.execute("CREATE TABLE catalog_info AS SELECT * FROM _info_src")
             con.unregister("_info_src")
+            con.execute(RETIRED_MODELS_SQL)
             con.execute(_leaderboard_sql(suite.version, reference_version))
             con.execute("CHECKPOINT")
         finally:

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
-from schemas.reference import ReferenceFile, ReferencePrompt, ScorerIdentity, SuiteRef
+from schemas.reference import REFERENCE_FORMAT, GoldenRecord, ReferenceFile, ReferencePrompt, ScorerIdentity, SuiteRef
 from tasks.scoring import reference_medians, table_columns
 
 if TYPE_CHECKING:
@@ -252,8 +252,12 @@ def build_reference(
     scorer: ScorerIdentity,
     reference_dir: str | os.PathLike[str],
     created_at: str,
+    golden: GoldenRecord | None = None,
 ) -> Path:
     """Build ``reference/eps-reference-<version>.json`` once and pin it in SHA256SUMS.
+
+    ``golden``: the golden set's mu under the building runtime (tasks/golden.py), required for
+    the built-in scorer so later runs can check their runtime against it (the canary).
 
     ``scores``: a table (pyarrow / polars / pandas / column mapping / row dicts, see
     :func:`tasks.scoring.table_columns`) with columns ``model_id, prompt_id, mu, scorer_id``.
@@ -300,6 +304,7 @@ def build_reference(
         baseline_models=models,
         created_at=created_at,
         prompts=prompts,
+        golden=golden,
     )
     data = canonical_json(ref)
     digest = hashlib.sha256(data).hexdigest()
@@ -363,24 +368,9 @@ def check_scorer(ref: ReferenceFile, scorer: ScorerIdentity | str) -> None:
         )
 
 
-def verify_reference(
-    reference_dir: str | os.PathLike[str],
-    version: str,
-    suite: Suite,
-    expected_scorer_id: str | None = None,
-    *,
-    expected_scorer: ScorerIdentity | None = None,
-) -> ReferenceFile:
-    """Load and check ``reference/eps-reference-<version>.json`` before it is used.
-
-    In order: the file exists (:class:`ReferenceMissing`); its sha256 equals its SHA256SUMS line
-    (:class:`ReferenceTampered`); it parses and validates (:class:`ReferenceInvalid`, also for the
-    ``eps_reference`` expectation suite); it was built for the suite in force, version and sha256
-    (:class:`SuiteMismatch`) and its prompt ids equal ``suite.eligible_ids`` exactly; its scorer
-    is ``expected_scorer_id`` / ``expected_scorer`` when given (:class:`ScorerMismatch`).
-    """
-    from tasks.validation import ValidationFailed, require_valid
-
+def verify_reference_file(reference_dir: str | os.PathLike[str], version: str) -> Path:
+    """The cheap part of :func:`verify_reference` (no parsing, no Great Expectations): the file
+    of reference ``version`` exists and its sha256 equals its SHA256SUMS line. Its path."""
     ref_dir = Path(reference_dir)
     name = reference_filename(version)
     path = ref_dir / name
@@ -399,8 +389,52 @@ def verify_reference(
     if actual != pinned:
         raise ReferenceTampered(
             f"{path} was modified: expected sha256 {pinned} (SHA256SUMS), actual {actual}. "
-            "Restore the file from version control; never edit a reference."
+            f"{_restore_hint(path, version)}; never edit a reference."
         )
+    return path
+
+
+DEMO_REFERENCE_VERSION = "demo"  # what `imagebench demo` builds in its workspace (flows/demo.py)
+_COMMITTED_REFERENCE_DIR = Path(__file__).resolve().parents[1] / "reference"
+
+
+def _restore_hint(path: Path, version: str) -> str:
+    """How to get a modified reference back. Only the committed ./reference is under version
+    control; a workspace's reference (the demo's, under $IMAGEBENCH_HOME, git-ignored) is not."""
+    ref_dir = path.parent
+    if ref_dir.resolve() == _COMMITTED_REFERENCE_DIR:
+        return f"Restore the file from version control (git checkout -- reference/{path.name})"
+    if version == DEMO_REFERENCE_VERSION:
+        return (
+            f"It is the demo's reference, built by `imagebench demo` in its workspace and not under version "
+            f"control: delete {ref_dir} and run `make demo` again to rebuild it"
+        )
+    return (
+        f"{ref_dir} is not this checkout's version-controlled reference/: restore the file from where this "
+        "reference was published or backed up (the sha256 above must match)"
+    )
+
+
+def verify_reference(
+    reference_dir: str | os.PathLike[str],
+    version: str,
+    suite: Suite,
+    expected_scorer_id: str | None = None,
+    *,
+    expected_scorer: ScorerIdentity | None = None,
+) -> ReferenceFile:
+    """Load and check ``reference/eps-reference-<version>.json`` before it is used.
+
+    In order: the file exists (:class:`ReferenceMissing`); its sha256 equals its SHA256SUMS line
+    (:class:`ReferenceTampered`); it parses and validates (:class:`ReferenceInvalid`, also for the
+    ``eps_reference`` expectation suite); it was built for the suite in force, version and sha256
+    (:class:`SuiteMismatch`) and its prompt ids equal ``suite.eligible_ids`` exactly; its scorer
+    is ``expected_scorer_id`` / ``expected_scorer`` when given (:class:`ScorerMismatch`).
+    """
+    from tasks.validation import ValidationFailed, require_valid
+
+    path = verify_reference_file(reference_dir, version)
+    _refuse_old_format(path)
     try:
         ref = ReferenceFile.model_validate_json(path.read_bytes())
     except ValidationError as exc:
@@ -438,6 +472,20 @@ def verify_reference(
     if expected_scorer_id is not None:
         check_scorer(ref, expected_scorer_id)
     return ref
+
+
+def _refuse_old_format(path: Path) -> None:
+    """A reference of an older format is never rewritten or migrated: it is refused by name."""
+    try:
+        declared = json.loads(path.read_bytes()).get("format")
+    except (ValueError, AttributeError):
+        return  # not JSON: the validation below names the problem
+    if declared != REFERENCE_FORMAT and isinstance(declared, str) and declared.startswith("imagebench-eps-reference/"):
+        raise ReferenceInvalid(
+            f"{path}: format {declared!r}, this imagebench reads {REFERENCE_FORMAT!r} (format 1 bound the "
+            "transformers version and dtype into the scorer identity and has no golden set). The file "
+            "stays as it is: build a new reference version (docs/REFERENCE.md)"
+        )
 
 
 def load_reference_mu(ref: ReferenceFile) -> dict[str, float]:

@@ -36,8 +36,9 @@ def report_data_from_lake(settings: Settings, suite: Suite, reference: Reference
         )
         views = model_prompts(settings, suite, reference, model_id)
         verdicts, contributions = paired_vectors(views, suite, reference)
-        by_category[model_id] = _groups(suite, verdicts, contributions, eligible, "category", stats)
-        by_tag[model_id] = _groups(suite, verdicts, contributions, eligible, "tag", stats)
+        judged = stats.judge_decided([v.state for v in views], verdicts)
+        by_category[model_id] = _groups(suite, verdicts, judged, contributions, eligible, "category", stats)
+        by_tag[model_id] = _groups(suite, verdicts, judged, contributions, eligible, "tag", stats)
         for p, v in zip(suite.prompts, views):
             images.append(
                 ImageRow(
@@ -59,18 +60,16 @@ def report_data_from_lake(settings: Settings, suite: Suite, reference: Reference
     )
 
 
-def _groups(suite: Suite, verdicts, contributions: np.ndarray, eligible: set[str], key: str, stats) -> dict:
+def _groups(suite: Suite, verdicts, judged, contributions: np.ndarray, eligible: set[str], key: str, stats) -> dict:
     from tasks.report import GroupScore
 
-    members: dict[str, list[int]] = {}
-    for i, p in enumerate(suite.prompts):
-        members.setdefault(getattr(p, key), []).append(i)
+    groups = [getattr(p, key) for p in suite.prompts]
     out = {}
-    for name, idx in members.items():
-        cap = stats.capability([verdicts[i] for i in idx])
-        elig = [i for i in idx if suite.prompts[i].prompt_id in eligible]
+    for name, cap in stats.capability_breakdown(verdicts, groups, judged).items():
+        elig = [i for i, g in enumerate(groups) if g == name and suite.prompts[i].prompt_id in eligible]
         eps = 100.0 * float(np.mean(contributions[elig])) if elig else None
         out[name] = GroupScore(
-            capability=None if cap.capability != cap.capability else cap.capability, eps=eps, n=len(idx)
+            capability=None if cap.capability != cap.capability else cap.capability, eps=eps, n=cap.total,
+            decided=cap.decided, judged=cap.judged,
         )
     return out

@@ -33,6 +33,8 @@ class RunRecord:
     reference_version: str
     parameters: dict[str, Any] = field(default_factory=dict)
     scorer_id: str | None = None
+    runtime: str | None = None  # ScorerRuntime JSON of the run's scoring process (canary)
+    canary_max_drift: float | None = None
     flow_run_id: str | None = None
     deployment: str | None = None
     started_at: datetime = field(default_factory=lambda: datetime.now(timezone.utc))
@@ -42,9 +44,20 @@ class RunRecord:
     corrupt_files: list[str] = field(default_factory=list)
     counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(COUNTERS, 0))
     stage_s: dict[str, float] = field(default_factory=lambda: dict.fromkeys(STAGES, 0.0))
+    stage: str = "start"  # the last stage entered: how far a crashed run got
+    # Writes the record while the run goes on (tasks.runstate.RunJournal); None: only at the end.
+    journal: Any = field(default=None, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     # ---- filling ------------------------------------------------------------------------
+    def enter(self, stage: str, force: bool = False) -> None:
+        """The run moves on to ``stage`` (e.g. "hpsv3 lab-a"); the journal records it (every
+        time when ``force``, else at most once a second)."""
+        with self._lock:
+            self.stage = stage
+        if self.journal is not None:
+            self.journal.checkpoint(force)
+
     def mark(self, model_id: str, disposition: str) -> None:
         if disposition not in MODEL_DISPOSITIONS:
             raise ValueError(f"unknown disposition {disposition!r}")
@@ -91,7 +104,10 @@ class RunRecord:
             "suite_version": self.suite_version,
             "reference_version": self.reference_version,
             "scorer_id": self.scorer_id,
+            "runtime": self.runtime,
+            "canary_max_drift": self.canary_max_drift,
             "status": status,
+            "stage": self.stage,
             "error": " ".join(error.split())[:MAX_ERROR_CHARS] if error else None,
             "started_at": self.started_at,
             "finished_at": finished,

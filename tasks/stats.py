@@ -60,6 +60,7 @@ __all__ = [
     "effective_verdict",
     "effective_verdicts",
     "eps_contributions",
+    "judge_decided",
     "pass_values",
     "rank_bands",
 ]
@@ -129,55 +130,85 @@ def effective_verdicts(image_states: Sequence[str], verdicts: Sequence[str | Non
     return [v if s == "ok" else "FAIL" for s, v in zip(states, checked)]
 
 
+def judge_decided(image_states: Sequence[str], verdicts: Sequence[str | None]) -> list[bool]:
+    """True where a judge decided the prompt: an ``ok`` image with a PASS or FAIL verdict (the
+    ``judged`` argument of :func:`capability`). A missing or quarantined image's FAIL is not."""
+    states = list(image_states)
+    checked = _check_verdicts(verdicts)
+    if len(states) != len(checked):
+        raise ValueError(f"{len(states)} image states but {len(checked)} verdicts")
+    return [s == "ok" and v in ("PASS", "FAIL") for s, v in zip(states, checked)]
+
+
 @dataclass(frozen=True)
 class CapabilityResult:
-    capability: float  # 100 * passed / (passed + failed); NaN when nothing is decided
+    capability: float  # 100 * passed / (passed + failed); NaN when no judge decided anything
     passed: int
     failed: int
     undecided: int  # ERROR, UNPARSABLE or not judged
     total: int  # prompts (passed + failed + undecided)
     coverage: float  # (passed + failed) / total
     provisional: bool  # coverage < 1
+    judged: int  # decided by a judge (the rest of the decided are missing/quarantined images)
 
     @property
     def decided(self) -> int:
         return self.passed + self.failed
 
+    @property
+    def counts(self) -> str:
+        """``decided/total``: what every Capability figure is shown with."""
+        return f"{self.decided}/{self.total}"
 
-def _capability_of(checked: Sequence[str | None]) -> CapabilityResult:
+
+def _capability_of(checked: Sequence[str | None], judged: Sequence[bool]) -> CapabilityResult:
     total = len(checked)
     passed = sum(1 for v in checked if v == "PASS")
     failed = sum(1 for v in checked if v == "FAIL")
     decided = passed + failed
+    n_judged = sum(1 for j, v in zip(judged, checked) if j and v in ("PASS", "FAIL"))
     return CapabilityResult(
-        capability=100.0 * passed / decided if decided else math.nan,
+        # Missing-image FAILs alone are not a judged figure: no judge looked at anything.
+        capability=100.0 * passed / decided if n_judged else math.nan,
         passed=passed,
         failed=failed,
         undecided=total - decided,
         total=total,
         coverage=decided / total,
         provisional=decided < total,
+        judged=n_judged,
     )
 
 
-def capability(verdicts: Sequence[str | None]) -> CapabilityResult:
+def _judged_mask(judged: Sequence[bool] | None, n: int) -> list[bool]:
+    if judged is None:  # plain verdicts: every decided one came from a judge
+        return [True] * n
+    mask = [bool(j) for j in judged]
+    if len(mask) != n:
+        raise ValueError(f"{n} verdicts but {len(mask)} judged flags")
+    return mask
+
+
+def capability(verdicts: Sequence[str | None], judged: Sequence[bool] | None = None) -> CapabilityResult:
     """Capability of one model over its verdicts, one per prompt of the suite (a missing or
-    quarantined image must already be ``"FAIL"``: :func:`effective_verdicts`).
+    quarantined image must already be ``"FAIL"``: :func:`effective_verdicts`). ``judged``
+    (:func:`judge_decided`) says which verdicts a judge gave; without it, all of them. With no
+    verdict from a judge, Capability is NaN (not judged), whatever the image FAILs say.
 
     Raises ``ValueError`` when ``verdicts`` is empty or holds an unknown value (naming it)."""
     checked = _check_verdicts(verdicts)
     if not checked:
         raise ValueError("no verdicts: Capability is undefined over zero prompts")
-    return _capability_of(checked)
+    return _capability_of(checked, _judged_mask(judged, len(checked)))
 
 
 def capability_breakdown(
-    verdicts: Sequence[str | None], groups: Sequence[Hashable]
+    verdicts: Sequence[str | None], groups: Sequence[Hashable], judged: Sequence[bool] | None = None
 ) -> dict[Hashable, CapabilityResult]:
     """Capability per group (category, tag or difficulty): ``groups[i]`` is the group of the
-    prompt of ``verdicts[i]``. Keys in order of first appearance; each group's coverage and
-    provisional flag are its own. Raises ``ValueError`` on a length mismatch, an unknown verdict,
-    or a ``None`` group."""
+    prompt of ``verdicts[i]``. Keys in order of first appearance; each group's coverage,
+    provisional flag and judged count are its own (``judged`` as in :func:`capability`). Raises
+    ``ValueError`` on a length mismatch, an unknown verdict, or a ``None`` group."""
     checked = _check_verdicts(verdicts)
     gs = list(groups)
     if len(gs) != len(checked):
@@ -186,10 +217,11 @@ def capability_breakdown(
         raise ValueError("no verdicts: Capability is undefined over zero prompts")
     if any(g is None for g in gs):
         raise ValueError("group label None: every prompt needs a group")
-    members: dict[Hashable, list[str | None]] = {}
-    for g, v in zip(gs, checked):
-        members.setdefault(g, []).append(v)
-    return {g: _capability_of(vs) for g, vs in members.items()}
+    mask = _judged_mask(judged, len(checked))
+    members: dict[Hashable, list[int]] = {}
+    for i, g in enumerate(gs):
+        members.setdefault(g, []).append(i)
+    return {g: _capability_of([checked[i] for i in idx], [mask[i] for i in idx]) for g, idx in members.items()}
 
 
 def pass_values(verdicts: Sequence[str | None]) -> np.ndarray:

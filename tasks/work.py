@@ -72,10 +72,13 @@ class ScorerSpec:
     checkpoint: str
     device: str = "auto"
     dtype: str = "auto"
+    rotary: str = "official"  # tasks.hpsv3.model.RopeMode
 
     @classmethod
     def from_settings(cls, settings: Settings) -> "ScorerSpec":
-        return cls(settings.hpsv3_base_model, settings.hpsv3_checkpoint, settings.device, settings.dtype)
+        return cls(
+            settings.hpsv3_base_model, settings.hpsv3_checkpoint, settings.device, settings.dtype, settings.hpsv3_rotary
+        )
 
 
 @lru_cache(maxsize=2)
@@ -83,7 +86,7 @@ def get_scorer(spec: ScorerSpec):
     """Load the HPSv3 scorer once per process (weights are several GB)."""
     from tasks.hpsv3.scorer import HPSv3Scorer
 
-    return HPSv3Scorer.load(spec.base_model, spec.checkpoint, device=spec.device, dtype=spec.dtype)
+    return HPSv3Scorer.load(spec.base_model, spec.checkpoint, device=spec.device, dtype=spec.dtype, rotary=spec.rotary)
 
 
 @lru_cache(maxsize=4)
@@ -91,7 +94,29 @@ def scorer_identity(spec: ScorerSpec) -> ScorerIdentity:
     """The scorer's identity without loading its weights (hashes the checkpoint once, cached)."""
     from tasks.hpsv3.scorer import resolve_identity
 
-    return resolve_identity(spec.base_model, spec.checkpoint, device=spec.device, dtype=spec.dtype)
+    return resolve_identity(spec.base_model, spec.checkpoint)
+
+
+def golden_for_reference(settings: Settings, spec: ScorerSpec):
+    """The golden set's mu under this process's runtime, to be stored in a new reference."""
+    from tasks.golden import golden_record, load_golden_set, score_golden
+    from tasks.hpsv3.scorer import pin_intra_op_threads
+
+    golden = load_golden_set(settings.reference_dir, settings.golden_set)
+    scorer = get_scorer(spec)
+    pin_intra_op_threads(settings.hpsv3_threads)
+    mus, runtime = score_golden(scorer, golden, settings.batch_size)
+    return golden_record(golden, mus, runtime)
+
+
+def check_runtime(settings: Settings, reference: ReferenceFile, spec: ScorerSpec):
+    """The golden-set canary in this process's runtime: a CanaryResult, or CanaryDrift raised."""
+    from tasks.golden import run_canary
+    from tasks.hpsv3.scorer import pin_intra_op_threads
+
+    scorer = get_scorer(spec)
+    pin_intra_op_threads(settings.hpsv3_threads)
+    return run_canary(scorer, reference, settings.reference_dir, settings.batch_size)
 
 
 def imported_identity(scorer_name: str) -> ScorerIdentity:
@@ -144,6 +169,11 @@ def ingest_and_stage(settings: Settings, suite: Suite, model_id: str) -> IngestS
         settings.home,
         progress=lambda total, n=1: progress.advance(f"ingest {model_id}", total, n),
     )
+    from tasks.lake import Lake
+    from tasks.models import require_objects
+
+    # No object at all: a typo or a wrong store/prefix, never 192 'missing' rows (nothing staged).
+    require_objects(store, Lake(settings.lake_dir), model_id, result.n_objects)
     require_valid("images", result.images)
     require_valid("quarantine", result.quarantine)
     staged = _staged_dir(settings, model_id)
@@ -316,15 +346,21 @@ def score_hps_batch_timed(settings: Settings, suite: Suite, batch: HpsBatch, spe
         raise RuntimeError(
             f"scorer changed under the run: planned {batch.scorer_id}, loaded {identity.scorer_id}"
         )
+    from tasks.hpsv3.scorer import pin_intra_op_threads
+
     with _gpu_slots(settings.gpu_concurrency):
+        # Pinned here, in whichever process scores (CLI, in-process flow, Dask worker): the
+        # same settings give the same bits (docs/RELIABILITY.md, "Numerics").
+        pin_intra_op_threads(settings.hpsv3_threads)
         t0 = time.perf_counter()
-        result = scorer.score(
+        result, sizes = scorer.score_with_batch_sizes(
             [it.image_path for it in batch.items],
             [it.prompt for it in batch.items],
             batch_size=settings.batch_size,
             progress=lambda n: progress.advance(f"hpsv3 {batch.model_id}", 0, n),
         )
         inference_s = time.perf_counter() - t0
+        runtimes = {size: scorer.runtime(size).to_json() for size in set(sizes)}
     now = utcnow()
     n = len(batch)
     table = pa.Table.from_pydict(
@@ -341,6 +377,7 @@ def score_hps_batch_timed(settings: Settings, suite: Suite, batch: HpsBatch, spe
             "source": ["hpsv3"] * n,
             "uncalibrated": [identity.uncalibrated] * n,
             "scored_at": [now] * n,
+            "runtime": [runtimes[size] for size in sizes],
         },
         schema=lake_schemas.HPS_SCORES,
     )
@@ -587,8 +624,9 @@ def aggregate_model(
     result = eps(mu_by_prompt, mu_ref, suite.eligible_ids)
 
     decided = _latest_verdicts(settings, model_id, sha_by_prompt)
-    verdicts = stats.effective_verdicts(states, [decided[p]["verdict"] if p in decided else None for p in prompt_ids])
-    cap = stats.capability(verdicts)
+    raw = [decided[p]["verdict"] if p in decided else None for p in prompt_ids]
+    verdicts = stats.effective_verdicts(states, raw)
+    cap = stats.capability(verdicts, judged=stats.judge_decided(states, raw))
     contributions = stats.eps_contributions(mu_by_prompt, mu_ref, prompt_ids, suite.eligible_ids)
     eligible_mask = [suite.by_id[p].eps_eligible for p in prompt_ids]
     ci = stats.bootstrap_scores(
@@ -618,7 +656,9 @@ def aggregate_model(
         "images_ok": states.count("ok"),
         "images_quarantined": states.count("quarantined"),
         "images_missing": states.count("missing"),
-        "complete": result.prompts_lost == 0,
+        # One definition (docs/LAKE.md): every suite prompt has an ok image and every eligible
+        # one a mu. Judge coverage is `provisional`, not this.
+        "complete": result.prompts_lost == 0 and states.count("ok") == len(prompt_ids),
         "uncalibrated": uncalibrated,
         "eps_lo": finite(ci.eps[0]),
         "eps_hi": finite(ci.eps[1]),
@@ -659,6 +699,13 @@ def current_scores(settings: Settings, model_ids: list[str], identity: ScorerIde
     return pa.concat_tables(tables) if tables else lake_schemas.HPS_SCORES.empty_table()
 
 
+def models_scored_by(settings: Settings, scorer_id: str) -> list[str]:
+    """Models with at least one hps_scores row of ``scorer_id`` (sorted)."""
+    from tasks.lake import Lake
+
+    return [m for m in Lake(settings.lake_dir).models("hps_scores") if _scores_for(settings, m, scorer_id).num_rows]
+
+
 def reference_sha256(settings: Settings) -> str:
     return hashlib.sha256(settings.reference_path.read_bytes()).hexdigest()
 
@@ -671,7 +718,7 @@ def reference_sha256(settings: Settings) -> str:
 @dataclass(frozen=True)
 class ModelPlan:
     model_id: str
-    status: str  # "candidate" (to ingest) | "up_to_date" | "invalid"
+    status: str  # "candidate" (to ingest) | "up_to_date" | "invalid" | "retired"
     fingerprint: str | None  # listing fingerprint of the object store now
     detail: str = ""
 
@@ -707,9 +754,12 @@ def discover_models(settings: Settings, suite: Suite, reference: ReferenceFile) 
     from tasks.lake import Lake
     from tasks.storage import InvalidModelId, listing_fingerprint, validate_model_id
 
+    from tasks.models import retired_models
+
     store = open_configured_store(settings)
     results = _result_fingerprints(settings, suite, reference)
     lake = Lake(settings.lake_dir)
+    retired = retired_models(lake)
     plans = []
     for model_id in sorted(store.list_models()):
         try:
@@ -717,7 +767,16 @@ def discover_models(settings: Settings, suite: Suite, reference: ReferenceFile) 
         except InvalidModelId as exc:
             plans.append(ModelPlan(model_id, "invalid", None, str(exc)))
             continue
-        fp = listing_fingerprint(store.list_model_objects(model_id))
+        if model_id in retired:  # `imagebench models retire`: kept in the lake, not scored
+            plans.append(ModelPlan(model_id, "retired", None, f"retired: {retired[model_id]['reason']}"))
+            continue
+        objects = store.list_model_objects(model_id)
+        if not objects and not lake.partition_path("images", model_id).is_file():
+            # An empty folder never ingested: nothing to score (one with ingested images goes on
+            # to ingest, which refuses it loudly: tasks.models.require_objects).
+            plans.append(ModelPlan(model_id, "invalid", None, f"empty folder: no objects under models/{model_id}/"))
+            continue
+        fp = listing_fingerprint(objects)
         status = "candidate"
         if model_id in results:
             images = lake.read("images", [model_id])

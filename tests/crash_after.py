@@ -6,6 +6,7 @@ on disk can differ.
 
     CRASH_REPLACE=<text in the destination>[|<another>...]  CRASH_NTH=<n, default 1>  CRASH_WHEN=before|after
     CRASH_LOG=<file>: append every rename destination (to list the points of a clean run)
+    CRASH_ACTION=stop: instead of dying, freeze (SIGSTOP) after the rename, for the test to kill
 """
 
 from __future__ import annotations
@@ -36,6 +37,10 @@ def _replace(src, dst, *args, **kwargs):
         with _lock, open(log, "a") as fh:
             fh.write(os.fspath(dst) + "\n")
     if hit:
+        if os.environ.get("CRASH_ACTION") == "stop":
+            import signal
+
+            os.kill(os.getpid(), signal.SIGSTOP)  # every thread stops here; the test sends SIGKILL
         os._exit(CRASH_EXIT)
 
 

@@ -25,6 +25,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from .attention import AttentionImpl, choose_attention, install_official_attention
 from .preprocess import PreprocessedImage, VisionPreprocessConfig
 
 REWARD_TOKEN = "<|Reward|>"
@@ -59,6 +60,13 @@ BASE_MODEL_ALLOW_PATTERNS = [
 ]
 
 RopeMode = Literal["official", "float32"]
+ROPE_MODES: tuple[RopeMode, ...] = ("official", "float32")
+
+
+def check_rope_mode(rope_mode: str) -> RopeMode:
+    if rope_mode not in ROPE_MODES:
+        raise ValueError(f"rotary mode must be one of {', '.join(ROPE_MODES)}, got {rope_mode!r}")
+    return rope_mode  # type: ignore[return-value]
 
 
 class CheckpointLayoutError(ValueError):
@@ -133,6 +141,7 @@ class HPSv3RewardModel(nn.Module):
         self.rm_head = make_rm_head(vlm.config.text_config.hidden_size)
         self.reward_token_id = int(reward_token_id)
         self.image_token_id = int(image_token_id)
+        self.attention_impl = "sdpa"  # set by build_reward_model_meta
 
     def forward(
         self,
@@ -161,7 +170,9 @@ class HPSv3RewardModel(nn.Module):
         # Right padding + causal attention: no real token can see a pad (pads come after it), so the
         # padding mask cannot change any token we read. Dropping it lets sdpa take its causal kernel
         # instead of materialising a [B, 1, L, L] mask (4x faster on CPU, same values).
-        text_mask = None if _is_right_padded(attention_mask) else attention_mask
+        # flash-attention 2 keeps the mask: 4.45 unpads by it (varlen kernel), as here.
+        flash = self.attention_impl == "flash_attention_2"
+        text_mask = None if _is_right_padded(attention_mask) and not flash else attention_mask
         # position_ids=None: 1-D positions on all M-RoPE axes, exactly the official call.
         hidden = text_model(
             inputs_embeds=embeds, attention_mask=text_mask, position_ids=None, use_cache=False
@@ -198,13 +209,18 @@ class _OfficialVisionRotary(nn.Module):
         return torch.cat([freq_hw, freq_hw], dim=-1)
 
 
-def build_reward_model_meta(config: Any, reward_token_id: int, dtype: torch.dtype) -> HPSv3RewardModel:
-    """The module tree on the meta device: no memory, no random init. Shapes only."""
+def build_reward_model_meta(
+    config: Any, reward_token_id: int, dtype: torch.dtype, attention: AttentionImpl = "sdpa"
+) -> HPSv3RewardModel:
+    """The module tree on the meta device: no memory, no random init. Shapes only. Attention is
+    called as transformers 4.45 called it (tasks/hpsv3/attention.py)."""
     from transformers import Qwen2VLForConditionalGeneration
 
     with torch.device("meta"):
-        vlm = Qwen2VLForConditionalGeneration._from_config(config, dtype=dtype, attn_implementation="sdpa")
+        vlm = Qwen2VLForConditionalGeneration._from_config(config, dtype=dtype, attn_implementation=attention)
         model = HPSv3RewardModel(vlm, reward_token_id=reward_token_id, image_token_id=config.image_token_id)
+    install_official_attention(model, attention)
+    model.attention_impl = attention
     return model
 
 
@@ -216,8 +232,7 @@ def materialize_(model: HPSv3RewardModel, device: torch.device, rope_mode: RopeM
         Qwen2VLVisionRotaryEmbedding,
     )
 
-    if rope_mode not in ("official", "float32"):
-        raise ValueError(f"rope_mode must be 'official' or 'float32', got {rope_mode!r}")
+    check_rope_mode(rope_mode)
     buffers_before = {name for name, _ in model.named_buffers()}
     model.to_empty(device=device)
     done: set[str] = set()
@@ -505,6 +520,9 @@ class LoadedHPSv3:
     base_config: dict[str, Any]
     device: torch.device
     dtype: torch.dtype
+    rope_mode: RopeMode = "official"
+    # The kernel family the attention calls went to, chosen as the official code chooses it.
+    attention_impl: AttentionImpl = "sdpa"
 
     @property
     def reward_token_id(self) -> int:
@@ -566,8 +584,10 @@ def load_hpsv3(
         raise ValueError(f"{base_dir}: preprocessor_config.json patch/temporal/merge sizes disagree with config.json")
     torch_device = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, torch_device)
+    rope_mode = check_rope_mode(rope_mode)
     reward_id = tokenizer.convert_tokens_to_ids(REWARD_TOKEN)
-    model = build_reward_model_meta(config, reward_id, torch_dtype)
+    attention = choose_attention(torch_device)
+    model = build_reward_model_meta(config, reward_id, torch_dtype, attention)
     # Fail on a wrong layout before a single byte of weights is allocated.
     check_checkpoint_layout(expected_checkpoint_layout(model), read_checkpoint_header(checkpoint_path), str(checkpoint_path))
     materialize_(model, torch_device, rope_mode)
@@ -582,4 +602,6 @@ def load_hpsv3(
         base_config=base_config,
         device=torch_device,
         dtype=torch_dtype,
+        rope_mode=rope_mode,
+        attention_impl=attention,
     )

@@ -18,7 +18,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import torch
 
-from schemas.reference import ScorerIdentity
+from schemas.reference import ScorerIdentity, ScorerRuntime
 
 from .model import (
     INSTRUCTION_TEMPLATE,
@@ -26,6 +26,7 @@ from .model import (
     EncodedItem,
     BASE_MODEL_ALLOW_PATTERNS,
     LoadedHPSv3,
+    check_rope_mode,
     checkpoint_is_uncalibrated,
     collate,
     encode_items,
@@ -112,9 +113,11 @@ def tokenizer_files_sha256(base_dir: Path) -> str:
     return digest.hexdigest()
 
 
-def numerics_label(torch_dtype: torch.dtype) -> str:
-    """The arithmetic that decides mu beyond the weights: compute dtype + rotary precision."""
-    return f"{str(torch_dtype).removeprefix('torch.')}+rope-official"
+def numerics_label(torch_dtype: torch.dtype, rope_mode: str) -> str:
+    """The arithmetic that decides mu beyond the weights, in one label: compute dtype + the
+    rotary mode actually loaded (``LoadedHPSv3.rope_mode``; a runtime property, recorded in
+    :class:`ScorerRuntime`). No default: a label must never claim a mode that was not loaded."""
+    return f"{str(torch_dtype).removeprefix('torch.')}+rope-{check_rope_mode(rope_mode)}"
 
 
 def build_identity(
@@ -124,11 +127,9 @@ def build_identity(
     vision: VisionPreprocessConfig,
     uncalibrated: bool,
     base_dir: Path,
-    torch_dtype: torch.dtype,
 ) -> ScorerIdentity:
-    """Everything that decides mu, as recorded with every score and reference."""
-    import transformers
-
+    """The model part of what decides mu (must equal the reference's); how it is run (library
+    versions, device, dtype, rotary mode) is the :class:`ScorerRuntime`, checked by the canary."""
     base = Path(base_model).expanduser()
     # A local directory is named by its basename so the identity does not depend on the machine.
     base_name = base.name if base.is_dir() else base_model
@@ -138,20 +139,16 @@ def build_identity(
         checkpoint_sha256=file_sha256(checkpoint_path),
         base_model=base_name,
         base_config_sha256=canonical_json_sha256(base_config),
-        transformers_version=transformers.__version__,
         preprocessing=vision.describe(),
         instruction_sha256=instruction_sha256(),
         tokenizer_sha256=tokenizer_files_sha256(base_dir),
-        numerics=numerics_label(torch_dtype),
         uncalibrated=uncalibrated or checkpoint_is_uncalibrated(checkpoint_path),
     )
 
 
-def resolve_identity(
-    base_model: str, checkpoint: str, device: str = "auto", dtype: str = "auto", uncalibrated: bool = False
-) -> ScorerIdentity:
-    """The identity of ``HPSv3Scorer.load(base_model, checkpoint, device, dtype)`` without loading
-    any weights (the checkpoint hash is computed once per file version and cached)."""
+def resolve_identity(base_model: str, checkpoint: str, uncalibrated: bool = False) -> ScorerIdentity:
+    """The identity of ``HPSv3Scorer.load(base_model, checkpoint, ...)`` without loading any
+    weights (the checkpoint hash is computed once per file version and cached)."""
     base_dir = resolve_base_model(base_model)
     return build_identity(
         str(base_model),
@@ -160,7 +157,6 @@ def resolve_identity(
         VisionPreprocessConfig.from_preprocessor_config(base_dir),
         uncalibrated,
         base_dir,
-        resolve_dtype(dtype, resolve_device(device)),
     )
 
 
@@ -171,10 +167,13 @@ def run_with_oom_backoff(
     batch_size: int,
     on_oom: Callable[[], None] | None = None,
     on_done: Callable[[int], None] | None = None,
+    sizes_out: list[int] | None = None,
 ) -> tuple[np.ndarray, int]:
     """Run ``items`` in sub-batches of at most ``batch_size``, in order. On
     ``torch.cuda.OutOfMemoryError`` halve the size and retry the same items; at size 1, re-raise.
-    Returns the [len(items), 2] results and the batch size that worked (for the next call)."""
+    Returns the [len(items), 2] results and the batch size that worked (for the next call);
+    ``sizes_out`` gets, per item, the batch size its forward pass ran under (recorded: it decides
+    the padding and GEMM shapes, hence the last bits of mu)."""
     results: list[np.ndarray] = []
     size, start = max(1, batch_size), 0
     while start < len(items):
@@ -191,11 +190,29 @@ def run_with_oom_backoff(
         if out.shape[0] != len(chunk):
             raise RuntimeError(f"batch runner returned {out.shape[0]} rows for {len(chunk)} items")
         results.append(out)
+        if sizes_out is not None:
+            sizes_out.extend([size] * len(chunk))
         start += len(chunk)
         if on_done is not None:
             on_done(len(chunk))
     stacked = np.concatenate(results) if results else np.empty((0, 2), dtype=np.float64)
     return stacked, size
+
+
+def pin_intra_op_threads(threads: int = 0) -> int:
+    """Set torch's intra-op thread count to ``threads`` (0: the cores this process may run on,
+    whatever OMP_NUM_THREADS its launcher set) and return it. Every scoring process calls this,
+    so a CLI run, an in-process flow and a Dask worker use the same count."""
+    count = threads or len(os.sched_getaffinity(0))
+    if torch.get_num_threads() != count:
+        torch.set_num_threads(count)
+    return count
+
+
+def _device_label(device: torch.device) -> str:
+    if device.type == "cuda":
+        return f"cuda:{torch.cuda.get_device_name(device)}"
+    return device.type
 
 
 def _release_cuda_memory() -> None:
@@ -229,11 +246,14 @@ class HPSv3Scorer:
         device: str = "auto",
         dtype: str = "auto",
         uncalibrated: bool = False,
+        rotary: str = "official",
     ) -> "HPSv3Scorer":
         """``base_model``: local HF-layout dir or HF id; ``checkpoint``: local .safetensors or HF
         repo id holding HPSv3.safetensors. ``uncalibrated`` marks demo/random weights (also detected
-        from the checkpoint's metadata, as written by ``tiny.write_tiny_checkpoint``)."""
-        return cls(load_hpsv3(base_model, checkpoint, device=device, dtype=dtype), str(base_model), uncalibrated)
+        from the checkpoint's metadata, as written by ``tiny.write_tiny_checkpoint``). ``rotary``:
+        "official" (bf16-rounded frequencies, as trained) or "float32" (docs/HPSV3.md)."""
+        loaded = load_hpsv3(base_model, checkpoint, device=device, dtype=dtype, rope_mode=check_rope_mode(rotary))
+        return cls(loaded, str(base_model), uncalibrated)
 
     @property
     def model(self) -> torch.nn.Module:
@@ -249,7 +269,22 @@ class HPSv3Scorer:
             loaded.vision,
             self.uncalibrated,
             loaded.base_dir,
-            loaded.dtype,
+        )
+
+    def runtime(self, batch_size: int) -> ScorerRuntime:
+        """The runtime of a forward pass at ``batch_size`` in this process, as recorded per score."""
+        import transformers
+
+        loaded = self.loaded
+        return ScorerRuntime(
+            torch_version=torch.__version__,
+            transformers_version=transformers.__version__,
+            device=_device_label(loaded.device),
+            dtype=str(loaded.dtype).removeprefix("torch."),
+            rope_mode=loaded.rope_mode,
+            attention=loaded.attention_impl,
+            batch_size=batch_size,
+            intra_op_threads=torch.get_num_threads(),
         )
 
     # -- steps (public so tests and tools can look at exactly what the model is fed) --
@@ -283,14 +318,26 @@ class HPSv3Scorer:
     ) -> np.ndarray:
         """[N, 2] float64 (mu, sigma) in input order. ``progress`` gets the number of images
         finished by each sub-batch (an increment, as rich's ``advance``)."""
+        return self.score_with_batch_sizes(images, prompts, batch_size, progress)[0]
+
+    def score_with_batch_sizes(
+        self,
+        images: Sequence[ImageInput],
+        prompts: Sequence[str],
+        batch_size: int = 8,
+        progress: Callable[[int], None] | None = None,
+    ) -> tuple[np.ndarray, list[int]]:
+        """:meth:`score`, and per image the forward batch size it ran under (smaller than
+        ``batch_size`` only after a CUDA out-of-memory halving)."""
         if len(images) != len(prompts):
             raise ValueError(f"{len(images)} images but {len(prompts)} prompts")
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         n = len(images)
         out = np.empty((n, 2), dtype=np.float64)
+        sizes: list[int] = []
         if n == 0:
-            return out
+            return out, sizes
         for i, prompt in enumerate(prompts):  # fail before any work is done
             try:
                 validate_prompt(prompt)
@@ -311,9 +358,9 @@ class HPSv3Scorer:
                 if k + 1 < len(starts):
                     future = pool.submit(prepare_chunk, starts[k + 1])  # overlaps the forward below
                 scores, current = run_with_oom_backoff(
-                    items, self.batch_runner, current, on_oom=_release_cuda_memory, on_done=progress
+                    items, self.batch_runner, current, on_oom=_release_cuda_memory, on_done=progress, sizes_out=sizes
                 )
                 out[start : start + len(items)] = scores
         finally:
             pool.shutdown(wait=True, cancel_futures=True)
-        return out
+        return out, sizes

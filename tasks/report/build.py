@@ -440,6 +440,19 @@ def _has_any(per_model: dict[str, dict[str, GroupScore]], attr: str) -> bool:
     return any(finite(getattr(g, attr)) is not None for m in per_model.values() for g in m.values())
 
 
+def _cell_text(g: GroupScore | None, attr: str, val: float | None) -> str:
+    """A heatmap cell's tooltip value: Capability carries its decided/total count, and says
+    "not judged" when no verdict came from a judge (missing-image FAILs alone are no figure)."""
+    n = f" (n={g.n})" if g and g.n is not None else ""
+    if attr != "capability" or g is None or g.decided is None or g.n is None:
+        return f"{_num(val)}{n}"
+    counts = f"{g.decided}/{g.n} decided"
+    if val is None:
+        fails = f", {g.decided} missing/quarantined FAIL" if g.decided else ""
+        return f"not judged ({counts}{fails}; no judge verdict)"
+    return f"{_num(val)} ({counts}, {g.judged} by a judge)"
+
+
 def _category_heatmap(views: list[RowView], cats: list[str], data: ReportData, attr: str, label: str, uid: str) -> str:
     rows = [HeatRow(v.row.model_id, v.page) for v in views]
     cols = [HeatCol(c) for c in cats]
@@ -450,8 +463,7 @@ def _category_heatmap(views: list[RowView], cats: list[str], data: ReportData, a
         for c in cats:
             g = per.get(c)
             val = finite(getattr(g, attr)) if g else None
-            n = f" (n={g.n})" if g and g.n is not None else ""
-            line.append((val, f"{v.row.model_id} × {c}: {label} {_num(val)}{n}"))
+            line.append((val, f"{v.row.model_id} × {c}: {label} {_cell_text(g, attr, val)}"))
         cells.append(line)
     return heatmap(rows, cols, cells, title=f"{label} by category", uid=uid, cell_w=92)
 
@@ -467,8 +479,7 @@ def _tag_heatmap(
         for v in views:
             g = data.by_tag.get(v.row.model_id, {}).get(t)
             val = finite(getattr(g, attr)) if g else None
-            n = f" (n={g.n})" if g and g.n is not None else ""
-            line.append((val, f"{v.row.model_id} × {t} ({c}): {label} {_num(val)}{n}"))
+            line.append((val, f"{v.row.model_id} × {t} ({c}): {label} {_cell_text(g, attr, val)}"))
         cells.append(line)
     return heatmap(rows, cols, cells, title=f"{label} by tag", uid=uid, cell_w=52, cell_h=20)
 

@@ -46,6 +46,8 @@ class GroupScore:
     capability: float | None = None
     eps: float | None = None
     n: int | None = None  # prompts in the group (shown in the tooltip)
+    decided: int | None = None  # prompts with PASS/FAIL (missing/quarantined images are FAIL)
+    judged: int | None = None  # of those, decided by a judge (0: Capability is "not judged")
 
 
 @dataclass

@@ -169,14 +169,18 @@ def scatter(
         return any(b[0] - 4 < mx < b[2] + 4 and b[1] - 4 < my < b[3] + 4 for mx, my in marks)
 
     order = sorted(range(len(points)), key=lambda i: (-points[i].y, points[i].x))
-    label_pos: dict[int, tuple[float, float, str]] = {}
+    # model -> (x, y, anchor, leader line?) or None: no free place (the label would cover
+    # another one; the point keeps its name in its tooltip and in every table)
+    label_pos: dict[int, tuple[float, float, str, bool] | None] = {}
     for i in order:
         p = points[i]
         cx, cy = marks[i]
         text = _truncate(p.label, 200)
         w, h = len(text) * CHAR_W, 13.0
         cands = []
-        for d in (8, 20, 34):
+        # Close to the point first; a cluster of points pushes labels further out, where a
+        # leader line ties each label to its point.
+        for d in (8, 20, 34, 52, 74, 100, 130):
             cands += [
                 (cx + d, cy + 4, "start"),
                 (cx - d, cy + 4, "end"),
@@ -184,20 +188,17 @@ def scatter(
                 (cx - w / 2, cy + d + 8, "start"),
                 (cx + d, cy - d + 2, "start"),
                 (cx - d, cy + d + 8, "end"),
+                (cx + d, cy + d + 8, "start"),
+                (cx - d, cy - d + 2, "end"),
             ]
-        choice = cands[0]
+        label_pos[i] = None
         for tx, ty, anchor in cands:
             left = tx if anchor == "start" else tx - w
             box = (left, ty - h + 3, left + w, ty + 3)
             if not overlaps(box):
-                choice = (tx, ty, anchor)
                 placed.append(box)
+                label_pos[i] = (tx, ty, anchor, abs(tx - cx) > 40 or abs(ty - cy) > 40)
                 break
-        else:
-            tx, ty, anchor = choice
-            left = tx if anchor == "start" else tx - w
-            placed.append((left, ty - h + 3, left + w, ty + 3))
-        label_pos[i] = (choice[0], choice[1], choice[2])
 
     for i, p in enumerate(points):
         cx, cy = marks[i]
@@ -226,11 +227,17 @@ def scatter(
                 )
         fill = "#ffffff" if p.hollow else color
         out.append(f'<circle cx="{cx:.1f}" cy="{cy:.1f}" r="5.5" fill="{fill}" stroke="{color}" stroke-width="2"/>')
-        tx, ty, anchor = label_pos[i]
-        out.append(
-            f'<text x="{tx:.1f}" y="{ty:.1f}" text-anchor="{anchor}" fill="#222" paint-order="stroke" '
-            f'stroke="#ffffff" stroke-width="3" stroke-linejoin="round">{esc(_truncate(p.label, 200))}</text>'
-        )
+        if label_pos[i] is not None:
+            tx, ty, anchor, leader = label_pos[i]
+            if leader:  # from the point to the near edge of its label
+                out.append(
+                    f'<line class="leader" x1="{cx:.1f}" y1="{cy:.1f}" x2="{tx:.1f}" y2="{ty - 4:.1f}" '
+                    f'stroke="#999999" stroke-width="0.8"/>'
+                )
+            out.append(
+                f'<text x="{tx:.1f}" y="{ty:.1f}" text-anchor="{anchor}" fill="#222" paint-order="stroke" '
+                f'stroke="#ffffff" stroke-width="3" stroke-linejoin="round">{esc(_truncate(p.label, 200))}</text>'
+            )
         if p.href:
             out.append("</a>")
         out.append("</g>")

@@ -82,6 +82,7 @@ def use_workspace(
     """Point IMAGEBENCH_* at ``root/home`` and ``root/reference`` (the suite and routing copied
     and pinned, or a copy of ``reference_from``, an already built reference dir)."""
     from tasks import work
+    from tasks.golden import copy_golden_set
     from tasks.reference import pin_suite
 
     home, refdir = root / "home", root / "reference"
@@ -92,6 +93,7 @@ def use_workspace(
         for src in (SUITE_FILE, ROUTING_FILE):
             shutil.copyfile(src, refdir / src.name)
             pin_suite(refdir, refdir / src.name)
+        copy_golden_set(SUITE_FILE.parent, refdir)  # a new reference stores its mu (the canary)
     base, ckpt = tiny_model
     for key, value in {
         "IMAGEBENCH_HOME": str(home),

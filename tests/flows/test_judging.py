@@ -80,10 +80,11 @@ def test_score_judges_and_rejudge(prefect_harness, workspace, judges, tmp_path):
     calls = lake.read("judge_calls", ["judged"]).to_pylist()
     assert calls and all(c["raw_text"] is not None or c["error"] for c in calls)
 
-    # The first nightly scores and judges the baseline model (new to it); a second one asks
-    # nobody again: every identity is in the lake. --rejudge asks again.
+    # The first nightly judges the baseline model (its EPS came with the reference build: up to
+    # date, only its missing verdicts are asked for); a second one asks nobody again: every
+    # identity is in the lake. --rejudge asks again.
     first = nightly_flow()
-    assert first["scored"] == ["base-a"] and "judged" in first["up_to_date"]
+    assert first["scored"] == [] and first["up_to_date"] == ["base-a", "judged"] and "base-a" in first["rejudged"]
     before = len(qwen.completions) + len(gemma.completions)
     second = nightly_flow()
     assert second["scored"] == [] and second["rejudged"] == []

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import json
 import multiprocessing
 import os
 import shutil
@@ -31,6 +32,17 @@ def _runs(settings) -> list[dict]:
 # ---- SIGKILL at any point, then resume --------------------------------------------------------
 
 
+# The batching of the killed and resumed runs, and of the clean runs they are compared with: the
+# forward batch decides padding and GEMM shapes, hence the last bits of mu (docs/RELIABILITY.md,
+# "Numerics"). Many small batches: the kill lands between and inside them.
+BATCHING = {"IMAGEBENCH_TASK_BATCH_SIZE": "8", "IMAGEBENCH_BATCH_SIZE": "4"}
+
+
+def _same_batching(monkeypatch) -> None:
+    for key, value in BATCHING.items():
+        monkeypatch.setenv(key, value)
+
+
 def _cli_env(home: Path, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
     env.update(
@@ -38,8 +50,7 @@ def _cli_env(home: Path, **extra: str) -> dict[str, str]:
         PREFECT_HOME=str(home / "prefect"),
         PREFECT_SERVER_ANALYTICS_ENABLED="false",
         PREFECT_LOGGING_LEVEL="WARNING",
-        IMAGEBENCH_TASK_BATCH_SIZE="8",  # many small batches: the kill lands between and inside them
-        IMAGEBENCH_BATCH_SIZE="4",
+        **BATCHING,
     )
     env.update(extra)
     return env
@@ -82,6 +93,7 @@ def test_sigkill_mid_batch_then_resume_ends_with_the_same_lake(built_reference, 
     (the chain test below kills resumed runs at each exact step)."""
     from flows.pipeline import score_model_flow
     from schemas.settings import load_settings
+    from tasks.lake import Lake
 
     from tests.flows.conftest import use_workspace
 
@@ -97,7 +109,10 @@ def test_sigkill_mid_batch_then_resume_ends_with_the_same_lake(built_reference, 
     done = _score_cli(home, "victim")
     assert done.wait(timeout=600) == 0, done.log_path.read_text()
 
-    record = [r for r in _runs(load_settings()) if r["flow"] == "score-model"][-1]
+    killed, record = [r for r in _runs(load_settings()) if r["flow"] == "score-model"][-2:]
+    # The killed run left its record from the start: the next run says it crashed, and where.
+    assert killed["status"] == "crashed" and killed["stage"] not in (None, "start"), killed
+    assert f"run {killed['run_id']} (score-model" in done.log_path.read_text()
     assert record["status"] == "completed"
     # Nothing finished was redone: the surviving batches were reused, not scored again.
     assert record["hps_images_resumed"] >= 8
@@ -105,10 +120,14 @@ def test_sigkill_mid_batch_then_resume_ends_with_the_same_lake(built_reference, 
     assert not shards.exists(), "a model's staging is removed once committed"
 
     # The same lake as an uninterrupted run of the same model in a fresh workspace.
+    # Same settings, same bits: the runtime (threads, batch size, dtype, ...) is a column compared too.
     clean = use_workspace(tmp_path / "clean", monkeypatch, tiny_model, reference_from=home.parent / "reference")
+    _same_batching(monkeypatch)
     shutil.copytree(objects / "models" / "victim", clean / "objects" / "models" / "victim")  # keeps mtimes
     score_model_flow("victim")
     assert_same_lake(home / "lake", clean / "lake", [home], [clean], models=["victim"])
+    runtimes = set(Lake(clean / "lake").read("hps_scores", ["victim"])["runtime"].to_pylist())
+    assert [json.loads(r)["batch_size"] for r in runtimes] == [4]
 
 
 # ---- two backfills of one model ----------------------------------------------------------------
@@ -147,7 +166,8 @@ def test_second_backfill_of_the_same_model_refuses_then_waits(built_reference, m
         (objects / "models" / "bad name" / "x.png").write_bytes(b"anything")
         summary = nightly_flow()
         assert summary["busy"] == ["contested"] and "contested" not in summary["scored"]
-        assert list(summary["invalid"]) == ["bad name"] and "base-a" in summary["scored"]
+        # (base-a got its result when the reference was built: up to date.)
+        assert list(summary["invalid"]) == ["bad name"] and "base-a" in summary["up_to_date"]
         record = _runs(load_settings())[-1]
         assert record["models_busy"] == ["contested"] and record["models_invalid"] == ["bad name"]
         assert record["status"] == "completed"
@@ -402,6 +422,7 @@ def test_killed_at_every_kind_of_write_then_resumed_ends_with_the_same_lake(
 
     # The same lake as uninterrupted runs of the same images in a fresh workspace.
     clean = use_workspace(tmp_path / "clean", monkeypatch, tiny_model, reference_from=home.parent / "reference")
+    _same_batching(monkeypatch)
     shutil.copytree(first, clean / "objects" / "models" / "chain")
     score_model_flow("chain")
     shutil.rmtree(clean / "objects" / "models" / "chain")

@@ -60,9 +60,12 @@ def test_reference_nightly_and_rerun(built_reference):
     (objects / "models" / "partial" / f"{eligible[40]}.png").write_bytes(b"\x89PNG\r\n\x1a\n broken")
 
     summary = nightly_flow()
-    assert sorted(summary["scored"]) == ["base-a", "base-b", "full", "partial"]
+    # The baselines got their result when the reference was built: up to date already.
+    assert sorted(summary["scored"]) == ["full", "partial"] and summary["up_to_date"] == ["base-a", "base-b"]
     rows = _model_scores()
-    assert rows["full"]["complete"] and rows["full"]["eps_prompts_scored"] == 165
+    assert rows["full"]["eps_prompts_lost"] == 0 and rows["full"]["eps_prompts_scored"] == 165
+    # complete needs an ok image for every prompt of the suite: its 27 non-eligible ones have none
+    assert rows["full"]["complete"] is False and rows["full"]["images_missing"] == 27
     assert rows["partial"]["complete"] is False
     assert rows["partial"]["eps_prompts_scored"] == 40
     assert rows["partial"]["eps_prompts_lost"] == 125
@@ -122,7 +125,7 @@ def test_reference_nightly_and_rerun(built_reference):
     runs = sorted(Lake(settings.lake_dir).read_runs().to_pylist(), key=lambda r: r["started_at"])
     nightly_runs = [r for r in runs if r["flow"] == "nightly"]
     assert [r["status"] for r in nightly_runs] == ["completed"] * 5
-    assert nightly_runs[0]["models_new"] == ["base-a", "base-b", "full", "partial"] and nightly_runs[0]["ingest_s"] > 0
+    assert nightly_runs[0]["models_new"] == ["full", "partial"] and nightly_runs[0]["ingest_s"] > 0
     assert nightly_runs[1]["models_up_to_date"] == ["base-a", "base-b", "full", "partial"]
     assert nightly_runs[1]["hps_images_scored"] == 0
     assert nightly_runs[3]["models_incremental"] == ["partial"] and nightly_runs[3]["hps_images_scored"] == 3
@@ -161,6 +164,26 @@ def test_reference_is_never_rewritten_and_tampering_is_refused(built_reference):
         score_model_flow("victim")
     assert {p: p.read_bytes() for p in lake_files} == snapshot
     assert not (settings.lake_dir / "images" / "model_id=victim").exists()
+
+
+def test_reference_build_ends_with_the_eps_of_every_model_already_scored(built_reference):
+    """Issue 8 item 8: no model scored by the reference's scorer is left without EPS."""
+    from flows.pipeline import reference_build_flow
+    from schemas.settings import load_settings
+    from tasks.lake import Lake
+
+    lake = Lake(load_settings().lake_dir)
+    built = {r["model_id"]: r for r in lake.read("model_scores").to_pylist() if r["reference_version"] == "t1"}
+    assert set(built) == {"base-a", "base-b"}  # the fixture's build, from base-a and base-b
+    # A second reference from base-b alone: base-a (already scored, not in the field) gets EPS
+    # too, after the baseline; nothing is scored again.
+    hps_before = lake.read("hps_scores").num_rows
+    reference_build_flow("t2", ["base-b"])
+    assert lake.read("hps_scores").num_rows == hps_before
+    rows = {r["model_id"]: r for r in lake.read("model_scores").to_pylist() if r["reference_version"] == "t2"}
+    assert set(rows) == {"base-a", "base-b"}
+    assert rows["base-b"]["eps"] == pytest.approx(50.0)  # its own mu is the reference: sigmoid(0) everywhere
+    assert rows["base-b"]["scored_at"] <= rows["base-a"]["scored_at"]
 
 
 def test_scorer_identity_mismatch_is_refused(built_reference, monkeypatch, other_tiny_checkpoint):

@@ -147,8 +147,11 @@ def _synthetic_reference(version: str) -> None:
     identity = work.scorer_identity(work.ScorerSpec.from_settings(settings))
     rows = [{"model_id": "synthetic-base", "prompt_id": p, "mu": 0.0, "scorer_id": identity.scorer_id}
             for p in suite.eligible_ids]
+    # The golden set's mu from the tiny scorer in this runtime: the served runs' canary passes.
+    golden = work.golden_for_reference(settings, work.ScorerSpec.from_settings(settings))
     build_reference(version=version, baseline_models=["synthetic-base"], scores=rows, suite=suite,
-                    scorer=identity, reference_dir=settings.reference_dir, created_at=work.utcnow().isoformat())
+                    scorer=identity, reference_dir=settings.reference_dir, created_at=work.utcnow().isoformat(),
+                    golden=golden)
 
 
 def _flow_signature_names(entrypoint: str) -> set[str]:
@@ -256,6 +259,13 @@ def test_backfill_through_served_deployment(prefect_server, workspace, tmp_path,
 
     log = tmp_path / "serve.log"
     env = _env(tmp_path, api, IMAGEBENCH_NIGHTLY_CRON=NIGHTLY_CRON, IMAGEBENCH_NIGHTLY_TZ=NIGHTLY_TZ)
+    # As after `make demo`: the reference and scorer are in the workspace's settings file, not
+    # exported; `serve`, its flow runs and `backfill` find them from IMAGEBENCH_HOME alone.
+    from flows.demo import DEMO_SETTING_KEYS, write_workspace_settings
+
+    write_workspace_settings(load_settings())
+    for key in DEMO_SETTING_KEYS:
+        env.pop(f"IMAGEBENCH_{key.upper()}")
     with open(log, "wb") as out:
         serve = subprocess.Popen(_cmd("serve"), cwd=tmp_path, env=env, stdout=out, stderr=subprocess.STDOUT)
     try:

@@ -64,6 +64,7 @@ def hps_rows(model: str, mus: dict[str, float], scorer_id: str = "0123456789abcd
             "source": ["hpsv3"] * n,
             "uncalibrated": [False] * n,
             "scored_at": [T0] * n,
+            "runtime": [None] * n,
         },
         schema=HPS_SCORES,
     )

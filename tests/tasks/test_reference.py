@@ -33,9 +33,9 @@ from tasks.scoring import eps
 from tasks.suite import parse_suite
 
 SCORER = ScorerIdentity(scorer_name="hpsv3", source="hpsv3", checkpoint_sha256="c" * 64,
-                        base_model="Qwen/Qwen2-VL-7B-Instruct", transformers_version="5.24.0")
+                        base_model="Qwen/Qwen2-VL-7B-Instruct")
 OTHER = ScorerIdentity(scorer_name="hpsv3", source="hpsv3", checkpoint_sha256="d" * 64,
-                       base_model="Qwen/Qwen2-VL-7B-Instruct", transformers_version="5.24.0")
+                       base_model="Qwen/Qwen2-VL-7B-Instruct")
 CREATED = "2026-11-25T00:00:00Z"
 
 
@@ -161,6 +161,20 @@ def test_tampering_detected(refdir, suite):
     msg = str(ei.value)
     pinned = (refdir / "SHA256SUMS").read_text().split()[0]
     assert "eps-reference-v1.json" in msg and pinned in msg and sha(path) in msg
+    # A reference outside the checkout's reference/ is not under version control (issue 8, item 12).
+    assert "Restore the file from version control" not in msg
+    assert "restore the file from where this reference was published or backed up" in msg
+
+
+def test_tampered_demo_reference_says_how_to_rebuild_it(refdir, suite):
+    path = build(refdir, suite, version="demo")
+    os.chmod(path, 0o644)
+    path.write_text(path.read_text().replace('"mu_ref": ', '"mu_ref": 1', 1))
+    with pytest.raises(ReferenceTampered) as ei:
+        verify_reference(refdir, "demo", suite)
+    msg = str(ei.value)
+    assert "Restore the file from version control" not in msg
+    assert "the demo's reference" in msg and f"delete {refdir} and run `make demo` again" in msg
 
 
 def test_unpinned_reference_is_not_trusted(refdir, suite):

@@ -547,3 +547,52 @@ def test_opened_as_a_file(site) -> None:
         assert driver.execute_script("return [...document.images].every(i => i.complete && i.naturalWidth > 0)")
         assert driver.execute_script("return document.images.length") > 0
         assert console_errors(driver) == []
+
+
+def test_capability_cells_carry_counts_and_not_judged(tmp_path: Path) -> None:
+    """Issue 8 item 9: a category whose only decided items are missing images is drawn as not
+    judged (no value, grey) and says so; every Capability cell carries decided/total."""
+    data = ReportData(
+        rows=[LeaderboardRow("judged", capability=50.0, eps=50.0, rank=1),
+              LeaderboardRow("patchy", capability=60.0, eps=40.0, rank=2)],
+        by_category={
+            "judged": {"Text": GroupScore(capability=50.0, eps=50.0, n=15, decided=4, judged=4),
+                       "Spatial": GroupScore(capability=None, eps=50.0, n=57, decided=0, judged=0)},
+            "patchy": {"Text": GroupScore(capability=60.0, eps=40.0, n=15, decided=5, judged=5),
+                       "Spatial": GroupScore(capability=None, eps=40.0, n=57, decided=3, judged=0)},
+        },
+        categories=["Text", "Spatial"],
+    )
+    html = build_report(data, tmp_path / "site").read_text(encoding="utf-8")
+    cell = re.search(r'<g class="cell" data-row="patchy" data-col="Spatial" data-value="">'
+                     r"<title>([^<]*)</title>", html)
+    assert cell, "patchy × Spatial must be drawn without a value"
+    assert "Capability not judged (3/57 decided, 3 missing/quarantined FAIL" in cell.group(1)
+    assert "judged × Text: Capability 50.0 (4/15 decided, 4 by a judge)" in html
+
+
+def _label_boxes(svg: str) -> list[tuple[str, tuple[float, float, float, float]]]:
+    from tasks.report.svg import CHAR_W
+
+    boxes = []
+    for x, y, anchor, text in re.findall(
+        r'<text x="([\d.-]+)" y="([\d.-]+)" text-anchor="(start|end)" fill="#222" paint-order[^>]*>([^<]+)</text>', svg
+    ):
+        w, left = len(text) * CHAR_W, float(x) - (len(text) * CHAR_W if anchor == "end" else 0)
+        boxes.append((text, (left, float(y) - 10, left + w, float(y) + 3)))
+    return boxes
+
+
+def test_scatter_labels_of_a_cluster_do_not_overlap() -> None:
+    """Issue 8 item 12: the demo's models sit close together; their labels must stay readable."""
+    from tasks.report.svg import ScatterPoint, scatter
+
+    names = ["demo-baseline-a", "demo-baseline-b", "demo-baseline-c", "demo-pristine", "demo-jpeg-q10",
+             "demo-blur-r3", "demo-noise-s40", "demo-patchy"]
+    pts = [ScatterPoint(n, None, 50 + 0.3 * i, None, None, 40 + 0.4 * (i % 3), None, None) for i, n in enumerate(names)]
+    boxes = _label_boxes(scatter([*pts, ScatterPoint("far", None, 10, None, None, 90, None, None)],
+                                 x_label="EPS", y_label="Capability", title="t"))
+    assert sorted(t for t, _ in boxes) == sorted([*names, "far"])
+    for i, (ta, a) in enumerate(boxes):
+        for tb, b in boxes[i + 1:]:
+            assert not (a[0] < b[2] and a[2] > b[0] and a[1] < b[3] and a[3] > b[1]), (ta, tb)

@@ -20,6 +20,7 @@ from tasks.stats import (
     effective_verdict,
     effective_verdicts,
     eps_contributions,
+    judge_decided,
     pass_values,
     rank_bands,
 )
@@ -45,9 +46,26 @@ def test_capability_hand_computed_undecided_excluded():
     v = ["PASS", "FAIL", "PASS", "ERROR", None, "UNPARSABLE", "PASS"]
     r = capability(v)
     assert r == CapabilityResult(
-        capability=75.0, passed=3, failed=1, undecided=3, total=7, coverage=4 / 7, provisional=True
+        capability=75.0, passed=3, failed=1, undecided=3, total=7, coverage=4 / 7, provisional=True, judged=4
     )
     assert r.decided == 4 and type(r.capability) is float
+
+
+def test_missing_image_fails_alone_are_not_a_judged_capability():
+    """Issue 8 item 9: a figure where no judge decided anything is "not judged", with its count."""
+    states = ["missing", "quarantined", "ok", "ok", "missing", "ok"]
+    raw = [None, "PASS", None, "ERROR", None, "PASS"]
+    verdicts = effective_verdicts(states, raw)
+    judged = judge_decided(states, raw)
+    assert judged == [False, False, False, False, False, True]
+    by = capability_breakdown(verdicts, ["a", "a", "a", "a", "b", "b"], judged)
+    assert math.isnan(by["a"].capability) and by["a"].judged == 0 and by["a"].counts == "2/4"
+    assert by["b"].capability == 50.0 and by["b"].judged == 1 and by["b"].counts == "2/2"
+    whole = capability(verdicts[:4], judged[:4])
+    assert math.isnan(whole.capability) and (whole.failed, whole.undecided) == (2, 2)
+    assert capability(verdicts, judged).capability == pytest.approx(100 / 4)
+    with pytest.raises(ValueError, match="judged flags"):
+        capability(verdicts, judged[:2])
 
 
 def test_capability_complete_is_not_provisional():

@@ -70,7 +70,8 @@ GOOD = {
     "hps_scores": lambda: table("hps_scores", [score("p-1"), score("p-2"), score("p-1", scorer_id="fedcba9876543210"),
                                                score("p-3", source="import", image_sha256=None, checkpoint_sha256=None)]),
     "model_scores": lambda: table("model_scores", [model_score("m1"), model_score("m2", eps=100.0, eps_prompts_lost=0,
-                                                   eps_prompts_scored=165, complete=True)]),
+                                                   eps_prompts_scored=165, images_ok=192, images_quarantined=0,
+                                                   complete=True)]),
     "eps_reference": lambda: pd.DataFrame({"prompt_id": ["p-1", "p-2"], "mu_ref": [10.25, -3.5], "n_models": [5, 5]}),
 }
 
@@ -111,7 +112,10 @@ BAD = {
         (model_score("m2", eps=-1.0), "expect_column_values_to_be_between(eps", "-1.0"),
         (model_score("m3", images_missing=-2), "expect_column_values_to_be_between(images_missing", "-2"),
         (model_score("m4", eps_prompts_scored=200), "expect_column_pair_values_a_to_be_greater_than_b(eps_prompts_eligible, eps_prompts_scored", ""),
-        (model_score("m5", complete=True), "expect_column_values_to_be_in_set(eps_prompts_lost", "[1]"),
+        (model_score("m5", complete=True, images_ok=192, images_quarantined=0), "expect_column_values_to_be_in_set(eps_prompts_lost", "[1]"),
+        # complete: every suite prompt has an ok image (docs/LAKE.md), not only the eligible ones
+        (model_score("m7", complete=True, eps_prompts_lost=0, eps_prompts_scored=165, images_ok=191, images_quarantined=0,
+                     images_missing=1), "expect_column_values_to_be_in_set(images_missing", "[1]"),
         (model_score("m6"), "expect_compound_columns_to_be_unique", "'model_id': 'm6'"),
         (model_score("m6", eps=3.0), "expect_compound_columns_to_be_unique", "'model_id': 'm6'"),
     ],

@@ -1,0 +1,131 @@
+"""`imagebench models ...`: which models the workspace knows, and retiring them (reversibly).
+
+A typer sub-app registered by flows/cli.py (ARCHITECTURE.md section 6: one file per area). The
+logic lives in tasks/models.py; nothing heavy is imported here (no torch, Prefect or GX).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Optional
+
+import typer
+
+from flows.output import OutputFormat, render
+
+models_app = typer.Typer(
+    help="Models: list them (state, images, scored, retired); retire or unretire one.", no_args_is_help=True
+)
+
+TABLE_COLUMNS = ("model_id", "state", "in_store", "images", "scored", "complete", "eps", "capability", "retired")
+
+
+def _cli():
+    import flows.cli as cli  # the shared error/settings helpers (imported late: cli imports this module)
+
+    return cli
+
+
+def _store_models(settings, console) -> list[str] | None:
+    """The store's model folders, or None (with a warning) when the store cannot be listed."""
+    from tasks.work import open_configured_store
+
+    try:
+        return open_configured_store(settings).list_models()
+    except Exception as exc:  # noqa: BLE001 - the lake still answers; say why the store column is empty
+        console.print(f"[yellow]store {settings.store_uri} not listed ({type(exc).__name__}: {exc}): "
+                      "lake only[/]", highlight=False, soft_wrap=True)
+        return None
+
+
+def print_quarantine(settings, model_ids, console) -> None:
+    """Why each of these models' objects was quarantined (every command that ingests prints it)."""
+    from tasks.models import quarantine_lines
+
+    lines = quarantine_lines(settings, model_ids)
+    for line in lines:
+        console.print(f"[yellow]{line}[/]", highlight=False, soft_wrap=True, markup=True)
+    if lines:
+        console.print("[yellow]quarantined images count as losses (complete = false): "
+                      "imagebench sql \"SELECT * FROM quarantine WHERE model_id = '...'\"[/]",
+                      highlight=False, soft_wrap=True)
+
+
+@models_app.command("list")
+def models_list(
+    source: Annotated[Optional[str], typer.Option(help="object store URI to list (default: IMAGEBENCH_STORE)")] = None,
+    fmt: Annotated[OutputFormat, typer.Option("--format")] = OutputFormat.table,
+) -> None:
+    """Every model of the store and the lake: state (new, ingested, scored, retired), image
+    counts, whether it has a result under the reference in force, and its retirement."""
+    cli = _cli()
+    with cli._user_errors():
+        settings = cli._settings()
+        if source:
+            settings = settings.model_copy(update={"store": source})
+        from tasks.models import LIST_COLUMNS, list_models
+
+        rows = list_models(settings, _store_models(settings, cli.err))
+        if fmt is not OutputFormat.table:
+            render(LIST_COLUMNS, [[r[c] for c in LIST_COLUMNS] for r in rows], fmt, title="imagebench models")
+            return
+        table = []
+        for r in rows:
+            retired = (f"{r['retired_at']:%Y-%m-%d %H:%M} by {r['retired_by']}: {r['retired_reason']}"
+                       if r["retired"] else "")
+            table.append([
+                r["model_id"], r["state"], "" if r["in_store"] is None else r["in_store"],
+                f"{r['images_ok']} ok / {r['images_quarantined']} quarantined / {r['images_missing']} missing",
+                r["scored"], "" if r["complete"] is None else r["complete"],
+                None if r["eps"] is None else round(r["eps"], 1),
+                None if r["capability"] is None else round(r["capability"], 1), retired,
+            ])
+        render(TABLE_COLUMNS, table, fmt, title=f"imagebench models (reference {settings.reference_version})")
+
+
+def _record(event: str, model: str, reason: str, by: str | None) -> None:
+    cli = _cli()
+    with cli._user_errors():
+        from tasks.storage import validate_model_id
+
+        validate_model_id(model)
+        settings = cli._settings()
+        from tasks import models
+
+        if event == "retired":
+            row = models.retire(settings, model, reason, by, store_models=_known_or_store(settings, model, cli.err))
+        else:
+            row = models.unretire(settings, model, reason, by)
+        models.ensure_catalog(settings)  # a catalog of an older format would not honour the record
+        what = "hidden from the leaderboard and the nightly" if event == "retired" else "back on the leaderboard and in the nightly"
+        cli.err.print(f"[green]{model} {event}[/] ({row['at']:%Y-%m-%d %H:%M:%S} UTC, by {row['actor']}: {row['reason']}): "
+                      f"{what}; its rows stay in the lake", highlight=False, soft_wrap=True)
+
+
+def _known_or_store(settings, model: str, console) -> list[str] | None:
+    from tasks.lake import Lake
+
+    lake = Lake(settings.lake_dir)
+    if any(lake.partition_path(t, model).is_file() for t in ("images", "model_scores", "hps_scores", "verdicts")):
+        return None  # known to the lake: no need to list the store
+    return _store_models(settings, console)
+
+
+@models_app.command("retire")
+def models_retire(
+    model: Annotated[str, typer.Argument(metavar="MODEL")],
+    reason: Annotated[str, typer.Option("--reason", help="why (recorded with who and when)")],
+    by: Annotated[Optional[str], typer.Option("--by", help="who (default: user@host)")] = None,
+) -> None:
+    """Hide a model from the leaderboard and the nightly; its rows stay in the lake
+    (`imagebench models unretire` reverses it). Recorded in the lake table model_events."""
+    _record("retired", model, reason, by)
+
+
+@models_app.command("unretire")
+def models_unretire(
+    model: Annotated[str, typer.Argument(metavar="MODEL")],
+    reason: Annotated[str, typer.Option("--reason", help="why (recorded with who and when)")],
+    by: Annotated[Optional[str], typer.Option("--by", help="who (default: user@host)")] = None,
+) -> None:
+    """Undo a retirement: the model is back on the leaderboard and in the nightly."""
+    _record("unretired", model, reason, by)
