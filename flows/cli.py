@@ -34,6 +34,12 @@ app.add_typer(judges_app, name="judges")
 from flows.cli_models import models_app, print_quarantine  # noqa: E402 - a sub-app per area (ARCHITECTURE.md section 6)
 
 app.add_typer(models_app, name="models")
+from flows.cli_study import study_app  # noqa: E402
+
+app.add_typer(study_app, name="study")
+from flows.cli_panel import panel_app  # noqa: E402
+
+app.add_typer(panel_app, name="panel")
 
 err = Console(stderr=True)
 UNCALIBRATED_BANNER = (
@@ -106,9 +112,11 @@ def _settings() -> Settings:
         raise typer.Exit(2) from None
 
 
-def _precheck(settings: Settings, model: str | None = None) -> None:
+def _precheck(settings: Settings, model: str | None = None, objects: bool = False) -> None:
     """What a flow would refuse first, checked before Prefect starts (no server, no log noise):
-    the model id's form, the pinned suite, and the reference file's SHA256SUMS line."""
+    the model id's form, the pinned suite, the reference file's SHA256SUMS line and, with
+    ``objects``, that the store holds objects of the model (one listing: a typo or a wrong
+    prefix is named here once, not from inside the flow)."""
     from tasks.reference import verify_reference_file
     from tasks.storage import validate_model_id
     from tasks.work import load_pinned_suite
@@ -117,6 +125,13 @@ def _precheck(settings: Settings, model: str | None = None) -> None:
         validate_model_id(model)
     load_pinned_suite(settings)
     verify_reference_file(settings.reference_dir, settings.reference_version)
+    if model is not None and objects:
+        from tasks.lake import Lake
+        from tasks.models import require_objects
+        from tasks.work import open_configured_store
+
+        store = open_configured_store(settings)
+        require_objects(store, Lake(settings.lake_dir), model, len(store.list_model_objects(model)))
 
 
 def _prefect(settings: Settings, quiet: bool = True) -> None:
@@ -127,8 +142,12 @@ def _prefect(settings: Settings, quiet: bool = True) -> None:
     from flows.env import prepare_prefect_env
 
     prepare_prefect_env(settings.home)
-    import prefect  # noqa: F401 - sets up Prefect's logging, which command_started adjusts
+    # Prefect's logging first: set up later, it sees our file handler on the root logger, takes
+    # it for the user's and drops its own console handler (no flow log in the terminal at all).
+    from prefect.logging.configuration import PROCESS_LOGGING_CONFIG, setup_logging
 
+    if not PROCESS_LOGGING_CONFIG:
+        setup_logging()
     command_started(settings.home, quiet=quiet)
     _report_crashed(settings)
 
@@ -239,7 +258,7 @@ def score(
     """Score one model now: ingest, HPSv3 and the routed judges side by side, EPS/Capability/Overall."""
     with _user_errors():
         settings = _settings()
-        _precheck(settings, model)
+        _precheck(settings, model, objects=scorer is None)
         _prefect(settings)
         from flows.pipeline import score_model_flow
 
@@ -418,7 +437,8 @@ def backfill(
             return
         why = "--local" if local else "embedded mode: no Prefect server configured (PREFECT_API_URL unset, `make serve` not running)"
         _precheck(settings.model_copy(update={k: v for k, v in (
-            ("suite_version", suite_version), ("reference_version", reference_version)) if v}))
+            ("suite_version", suite_version), ("reference_version", reference_version)) if v}),
+            model, objects=scorer is None)
         err.print(f"{why}: running score-model in this process", highlight=False, soft_wrap=True)
         from flows.pipeline import score_model_flow
 
@@ -641,9 +661,12 @@ def report(
         from tasks.report import build_report
         from tasks.report_adapter import report_data_from_lake
 
+        from tasks.report.study import build_study_pages
+
         suite = work.load_pinned_suite(settings)
         reference = work.load_verified_reference(settings, suite, None)
-        index = build_report(report_data_from_lake(settings, suite, reference), out)
+        studies = build_study_pages(settings, out)  # studies/<id>.html of every analysed study
+        index = build_report(report_data_from_lake(settings, suite, reference), out, studies=studies)
         err.print(f"[green]report written:[/] {index}  (open it, or `python -m http.server -d {out}`)")
 
 

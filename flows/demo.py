@@ -110,9 +110,16 @@ def run_demo(console: Console) -> None:
     from tasks.report import build_report
     from tasks.report_adapter import report_data_from_lake
 
+    from tasks.beauty.demo_study import run_demo_study
+    from tasks.report.study import build_study_pages
+
+    run_demo_study(settings, console)  # a small Beauty Index study with SIMULATED answers (docs/BEAUTY.md)
     reference = work.load_verified_reference(settings, suite, None)
-    index = build_report(report_data_from_lake(settings, suite, reference), settings.home / "report")
+    studies = build_study_pages(settings, settings.home / "report")
+    index = build_report(report_data_from_lake(settings, suite, reference), settings.home / "report", studies=studies)
     console.print(f"report: [bold]{index}[/] (sortable leaderboard, Capability-vs-EPS plot, heatmaps, model pages)")
+    console.print("Beauty Index demo study ([bold yellow]SIMULATED[/] answers): `imagebench study leaderboard --study "
+                  "demo-beauty`, its page report/studies/demo-beauty.html, `imagebench study export --study demo-beauty`")
     console.print(
         f"the demo's settings (reference, scorer) are saved in [bold]{settings_file}[/]: `imagebench score`, "
         "`nightly`, `backfill` and `serve` in this workspace use them (environment variables still win)"

@@ -150,6 +150,14 @@ class Settings(RunnerSettings):
     prefect_port: int = Field(default=4200, ge=1, le=65535)
     # A second run touching a model another run is scoring waits this long for it, then refuses.
     model_lock_wait_s: float = Field(default=0.0, ge=0)
+    # Beauty Index panel (tasks/panel/store.py): None = SQLite (WAL) in each study's folder; a
+    # SQLAlchemy URL (postgresql+psycopg://...) when several panel servers share one database.
+    panel_database: str | None = None
+    # Beauty Index pixel metrics (tasks/beauty/metrics.py): local weights, never downloaded. The
+    # FID InceptionV3 state dict (weights-inception-2015-12-05-6726825d.pth) and a CLIP model
+    # folder (Hugging Face layout). Unset: a real study gets no pixel metrics (H1/H4 not tested).
+    beauty_inception_weights: str | None = None
+    beauty_clip_model: str | None = None
 
     @field_validator("reference_version", "suite_version", "routing_version", "golden_set")
     @classmethod

@@ -32,6 +32,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from schemas.lake import REGISTRY_TABLES, RUN_TABLES, RUNS, TABLES
+from schemas.study import STUDY_TABLES  # partitioned by study_id=<id> (tasks/beauty/tables.py)
 from tasks.storage import validate_model_id  # one rule for model ids: ^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$, no '..'
 
 if TYPE_CHECKING:
@@ -56,7 +57,7 @@ DATA_FILE = "data.parquet"
 SCHEMA_DIR = "_schema"  # <lake>/<table>/_schema/data.parquet: typed, zero rows
 PARTITION_PREFIX = "model_id="
 COMPRESSION = "zstd"
-CATALOG_FORMAT = "imagebench-catalog/2"  # /2: model_events view; leaderboard honours retirements
+CATALOG_FORMAT = "imagebench-catalog/3"  # /2: model_events view; leaderboard honours retirements; /3: study tables
 
 PROMPTS_SCHEMA = pa.schema(
     [
@@ -96,9 +97,12 @@ class QueryError(LakeError):
 
 def _schema_of(table: str) -> pa.Schema:
     try:
-        return TABLES[table] if table in TABLES else RUN_TABLES[table] if table in RUN_TABLES else REGISTRY_TABLES[table]
+        for tables in (TABLES, RUN_TABLES, REGISTRY_TABLES, STUDY_TABLES):
+            if table in tables:
+                return tables[table]
+        raise KeyError(table)
     except KeyError:
-        known = sorted(TABLES) + sorted(RUN_TABLES) + sorted(REGISTRY_TABLES)
+        known = sorted(TABLES) + sorted(RUN_TABLES) + sorted(REGISTRY_TABLES) + sorted(STUDY_TABLES)
         raise ValueError(f"unknown lake table {table!r}; tables: {known}") from None
 
 
@@ -462,6 +466,15 @@ QUALIFY row_number() OVER (PARTITION BY model_id ORDER BY "at" DESC, event DESC)
 """
 
 
+# Beauty Index studies (docs/BEAUTY.md): one row per (study, tool), the whole panel, best first.
+STUDY_LEADERBOARD_SQL = """
+CREATE VIEW study_leaderboard AS
+SELECT study_id, "rank", tool, beauty_index, beauty_index_lo, beauty_index_hi, answers, simulated
+FROM study_index WHERE panel_group = 'all'
+ORDER BY study_id, beauty_index DESC NULLS LAST, tool
+"""
+
+
 def _leaderboard_sql(suite_version: str, reference_version: str) -> str:
     """Latest model_scores row per model, with arena-style rank bands on Overall (EPS when no
     model has a Capability yet): rank = 1 + models whose lower bound is above this upper bound;
@@ -515,7 +528,7 @@ def refresh_catalog(
     catalog = Path(catalog_path).resolve()
     catalog.parent.mkdir(parents=True, exist_ok=True)
     lake.root.mkdir(parents=True, exist_ok=True)
-    for table in (*TABLES, *RUN_TABLES, *REGISTRY_TABLES):
+    for table in (*TABLES, *RUN_TABLES, *REGISTRY_TABLES, *STUDY_TABLES):
         lake.ensure_schema_file(table)
     lake.check_files()
 
@@ -524,8 +537,9 @@ def refresh_catalog(
     try:
         con = duckdb.connect(str(tmp))
         try:
-            for table in (*TABLES, *RUN_TABLES, *REGISTRY_TABLES):
+            for table in (*TABLES, *RUN_TABLES, *REGISTRY_TABLES, *STUDY_TABLES):
                 con.execute(_table_view_sql(lake.root, table))
+            con.execute(STUDY_LEADERBOARD_SQL)
             rows = suite.rows()
             prompts = pa.Table.from_pylist(
                 [{k: r[k] for k in PROMPTS_SCHEMA.names} for r in rows], schema=PROMPTS_SCHEMA

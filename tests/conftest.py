@@ -41,6 +41,17 @@ def isolate_aws_env(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
 
 
 @pytest.fixture(scope="session")
+def prefect_harness():
+    """One Prefect test server for the whole session (tests/flows and tests/beauty share it)."""
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=120):
+        yield
+
+
+@pytest.fixture(scope="session")
 def s3_server() -> S3Server:
     server = start_s3_server()
     print(f"\n[s3server] {server.backend} at {server.endpoint_url} ready in {server.startup_s:.2f}s")

@@ -20,12 +20,7 @@ SUITE_FILE = REPO / "reference" / "suite-imagebench-v1.jsonl"
 ROUTING_FILE = REPO / "reference" / "judges-routing-v1.yaml"
 
 
-@pytest.fixture(scope="session")
-def prefect_harness():
-    from prefect.testing.utilities import prefect_test_harness
-
-    with prefect_test_harness(server_startup_timeout=120):
-        yield
+# prefect_harness (one Prefect test server per session) is in tests/conftest.py: tests/beauty uses it too.
 
 
 @pytest.fixture(scope="session")

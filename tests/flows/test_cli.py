@@ -28,7 +28,7 @@ def _lake_snapshot(home: Path) -> dict:
 
 
 def test_light_commands_import_no_heavy_packages(tmp_path):
-    """`sql`, `leaderboard` and `runs` must not import torch, Prefect or Great Expectations."""
+    """`sql`, `leaderboard`, `runs` and `study leaderboard` must not import torch, Prefect or Great Expectations."""
     code = (
         "import sys\n"
         "from typer.testing import CliRunner\n"
@@ -36,6 +36,8 @@ def test_light_commands_import_no_heavy_packages(tmp_path):
         "r = CliRunner().invoke(app, ['sql', 'SELECT 42 AS answer', '--format', 'json'])\n"
         "r2 = CliRunner().invoke(app, ['leaderboard', '--format', 'json'])\n"
         "r3 = CliRunner().invoke(app, ['runs', '--format', 'json'])\n"
+        "r4 = CliRunner().invoke(app, ['study', 'leaderboard', '--study', 'none-yet', '--format', 'json'])\n"
+        "assert r4.exit_code == 1 and 'has no Beauty Index yet' in r4.output, r4.output\n"
         "heavy = [m for m in ('torch', 'prefect', 'great_expectations', 'transformers') if m in sys.modules]\n"
         "print(r.exit_code, r2.exit_code + r3.exit_code, heavy)\n"
         "print(r.output)\n"

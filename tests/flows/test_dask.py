@@ -348,7 +348,10 @@ def test_nightly_on_local_dask_cluster_writes_the_same_lake(
     assert 1 <= len(workers) <= 2, AUDIT  # the local cluster's worker processes, never the flow's
     hps = _audited("hps_batch_task-")  # Dask key: the task function's name + a token
     assert hps and all(a["resources"] == {"GPU": 1} for a in hps), AUDIT
-    others = [a for a in AUDIT if a not in hps]
+    # The golden-set canary runs once per run, on a GPU worker (where the batches run).
+    canary = _audited("canary_task-")
+    assert len(canary) == 1 and canary[0]["resources"] == {"GPU": 1}, AUDIT
+    others = [a for a in AUDIT if a not in hps and a not in canary]
     assert others and all(a["resources"] == {} for a in others), AUDIT
     runs_t = _task_run_names(state_t.state_details.flow_run_id)
     runs_d = _task_run_names(state_d.state_details.flow_run_id)

@@ -100,6 +100,7 @@ def test_score_prints_quarantine_reasons_and_a_typo_adds_no_row(built_reference)
     r = _invoke_keeping_env("score", "--model", "Quar")
     assert r.exit_code == 1
     assert _flat("no model 'Quar'") in _flat(r.output) and _flat("did you mean 'quar'") in _flat(r.output)
+    assert _flat(r.output).count(_flat("no model 'Quar'")) == 1  # named once, before any flow starts
     settings, _, _ = _setup()
     assert not (settings.lake_dir / "model_scores" / "model_id=Quar").exists()
     assert "Quar" not in _leaderboard() and "quar" in _leaderboard()

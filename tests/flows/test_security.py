@@ -468,8 +468,9 @@ def test_credentials_never_leak(prefect_harness, workspace, secret_s3, monkeypat
         if rec.exc_info and rec.exc_info[1] is not None:
             scan.exception(f"caplog record {rec.name} exception", rec.exc_info[1])
     _prefect_records(scan)
-    n_files = scan.tree("workspace", tmp_path)
+    n_files = scan.tree("workspace", tmp_path)  # the CLI's log file (tracebacks of the failed ingests) too
     assert n_files > 20 and (workspace / "imagebench.duckdb").is_file()
+    assert "Traceback" in (workspace / "logs" / "imagebench.log").read_text(), "the log file the scan covers"
     assert list((workspace / "lake" / "judge_calls").rglob("data.parquet"))
     leaks = scan.leaks()
     assert not leaks, "credentials leaked:\n" + "\n".join(leaks[:40])

@@ -1,0 +1,38 @@
+"""`imagebench panel serve`: the judging web app of one open study (tasks/panel/app.py).
+
+Loopback by default: put it behind your HTTPS reverse proxy to reach judges elsewhere. uvicorn's
+access log is off; the app's own request log redacts the link tokens.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+panel_app = typer.Typer(help="The Beauty Index judging web app.", no_args_is_help=True)
+
+
+@panel_app.command("serve")
+def panel_serve(
+    study_id: Annotated[str, typer.Argument(metavar="STUDY")],
+    host: Annotated[str, typer.Option(help="interface to listen on (loopback by default)")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(min=1, max=65535)] = 8765,
+) -> None:
+    """Serve STUDY's panel until Ctrl-C (judges open the links `study open` printed)."""
+    import flows.cli as cli
+
+    with cli._user_errors():
+        import logging
+        import sys
+
+        from tasks.panel.app import create_app, make_server
+
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+        panel_log = logging.getLogger("imagebench.panel")
+        panel_log.addHandler(handler)
+        panel_log.setLevel(logging.INFO)
+        app = create_app(cli._settings(), study_id)
+        cli.err.print(f"panel of study {study_id} on http://{host}:{port}/ (Ctrl-C stops it)", highlight=False)
+        make_server(app, host, port).run()

@@ -1,0 +1,105 @@
+"""`imagebench study ...`: a Beauty Index study's life (docs/BEAUTY.md): init, open, status, close.
+
+A typer sub-app registered by flows/cli.py (ARCHITECTURE.md section 6: one file per area). The
+logic lives in tasks/beauty/study.py; nothing heavy is imported here (no torch, Prefect or GX).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Optional
+
+import typer
+
+from flows.output import OutputFormat, render
+
+study_app = typer.Typer(help="Beauty Index studies: init, open (blind + pre-register + links), status, close.",
+                        no_args_is_help=True)
+
+DEFAULT_URL = "http://127.0.0.1:8765"
+
+
+def _cli():
+    import flows.cli as cli  # the shared error/settings helpers (imported late: cli imports this module)
+
+    return cli
+
+
+@study_app.command("init")
+def study_init(
+    study_id: Annotated[str, typer.Argument(metavar="STUDY")],
+    tools: Annotated[Optional[str], typer.Option(help="comma-separated model ids (default: every model of the store)")] = None,
+    host_tool: Annotated[Optional[str], typer.Option(help="the host lab's own tool (hypothesis H5)")] = None,
+) -> None:
+    """Write $IMAGEBENCH_HOME/studies/STUDY/study.yaml (the published panel shape) to edit before `open`."""
+    cli = _cli()
+    with cli._user_errors():
+        from tasks.beauty.study import init_study
+
+        path = init_study(cli._settings(), study_id, [t.strip() for t in tools.split(",") if t.strip()] if tools else None,
+                          host_tool)
+        cli.err.print(f"[green]wrote {path}[/]: edit the judges (anonymous labels), groups and tools, then "
+                      f"`imagebench study open {study_id}`", highlight=False, soft_wrap=True)
+
+
+@study_app.command("open")
+def study_open(
+    study_id: Annotated[str, typer.Argument(metavar="STUDY")],
+    url: Annotated[str, typer.Option(help="the panel's public base URL, for the printed links")] = DEFAULT_URL,
+) -> None:
+    """Ingest and blind every tool's images, write the pre-registration once, draw each judge's
+    order and print the judges' and the admin's links (shown once: only their hashes are kept)."""
+    cli = _cli()
+    with cli._user_errors():
+        from tasks.beauty.study import open_study
+
+        opened = open_study(cli._settings(), study_id)
+        base = url.rstrip("/")
+        cli.err.print(f"[green]study {study_id} open[/]: {opened.n_images} blinded images, pre-registration "
+                      f"{opened.study_dir / 'preregistration.json'} (order seed {opened.preregistration.order_seed}). "
+                      "Links below are shown ONCE (only their sha256 is stored): send each judge theirs.",
+                      highlight=False, soft_wrap=True)
+        for label, token in opened.judge_tokens.items():
+            typer.echo(f"judge {label}: {base}/j/{token}")
+        typer.echo(f"admin: {base}/admin/{opened.admin_token}")
+
+
+@study_app.command("status")
+def study_status_cmd(
+    study_id: Annotated[str, typer.Argument(metavar="STUDY")],
+    fmt: Annotated[OutputFormat, typer.Option("--format")] = OutputFormat.table,
+) -> None:
+    """The study's state and each judge's progress."""
+    cli = _cli()
+    with cli._user_errors():
+        from tasks.beauty.study import study_status
+
+        st = study_status(cli._settings(), study_id)
+        cli.err.print(f"study {study_id}: {st['state']}; {st['answers']} of {st.get('expected', 0)} answers; "
+                      f"{st['images']} images; pre-registration sha256 {st['preregistration_sha256']}",
+                      highlight=False, soft_wrap=True)
+        cols = ("judge", "group", "answered", "total", "last_answer_at")
+        render(cols, [[j["label"], j["group"], j["answered"], j["total"], j["last_answer_at"]] for j in st["judges"]], fmt,
+               title=f"study {study_id}")
+
+
+@study_app.command("close")
+def study_close(study_id: Annotated[str, typer.Argument(metavar="STUDY")]) -> None:
+    """Close the study: the panel accepts no answer or memo after this."""
+    cli = _cli()
+    with cli._user_errors():
+        from tasks.beauty.study import close_study
+
+        closed = close_study(cli._settings(), study_id)
+        cli.err.print(f"study {study_id} {'closed' if closed else 'was already closed'}", highlight=False)
+
+
+# analyze / leaderboard / import-answers / export: publishing, in flows/cli_beauty.py
+from flows.cli_beauty import register as _register_publishing  # noqa: E402
+
+_register_publishing(study_app)
+
+
+# analyze, leaderboard, import-answers, export: the publishing commands (flows/cli_beauty.py).
+from flows.cli_beauty import register as _register_publishing  # noqa: E402
+
+_register_publishing(study_app)

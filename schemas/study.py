@@ -1,0 +1,249 @@
+"""Contracts of the Beauty Index (issue 9): the study file, its pre-registration, the prompt suite
+``beauty-index-v1`` and the lake tables of a study. No I/O here (ARCHITECTURE.md section 2).
+
+Where things live (docs/BEAUTY.md): a study's working state is under
+``$IMAGEBENCH_HOME/studies/<study_id>/``: ``study.yaml`` (a copy of the definition as opened),
+``preregistration.json`` (create-once, pinned in that folder's ``SHA256SUMS``), ``images/``
+(blinded copies under opaque ids) and ``panel.sqlite`` (the panel store: judges, queues, answers,
+memos' metadata). Memos go to the object store beside the study: ``studies/<study_id>/memos/``.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Literal
+
+import pyarrow as pa
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+BEAUTY_SUITE_VERSION = "beauty-index-v1"
+BEAUTY_QUESTION = "Did this make you feel something?"
+MEMO_MAX_SECONDS = 10
+STUDY_ID_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,63}$")
+LABEL_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+
+# The published panel (20 judges in five declared groups).
+PUBLISHED_GROUPS: dict[str, str] = {
+    "photographers": "working photographers",
+    "art-therapists": "art therapists",
+    "aphantasia": "people with aphantasia",
+    "tbi-survivors": "traumatic brain injury survivors",
+    "non-ai-artists": "visual artists who don't use AI",
+}
+PUBLISHED_GROUP_SIZES = {"photographers": 6, "art-therapists": 4, "aphantasia": 4, "tbi-survivors": 3, "non-ai-artists": 3}
+
+# The hypotheses written before the study (the published protocol), copied into every
+# pre-registration with the analysis settings.
+HYPOTHESES: dict[str, str] = {
+    "H1": "The tools best on FID are not best on the Beauty Index.",
+    "H2": "Judges with aphantasia say yes more often than the others.",
+    "H3": "The variance between tools is smaller than the variance between prompts.",
+    "H4": "At least one tool praised for 'aesthetics' underperforms on these emotional prompts.",
+    "H5": "The host lab's own tool does not win on every prompt; if it places 5th or worse that is the headline.",
+}
+
+
+class BeautyPrompt(BaseModel):
+    """One line of ``reference/suite-beauty-index-v1.jsonl``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    prompt_id: str
+    prompt: str = Field(min_length=3)
+
+
+class PanelGroup(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    name: str
+    description: str = ""
+    # How judges were selected (published; identities never are).
+    selection_criteria: str = ""
+
+
+class JudgeSpec(BaseModel):
+    """A judge as the study file names them: an anonymous label and a declared group. The label
+    is never exported (the bundle carries a salted hash)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    label: str
+    group: str
+
+    @field_validator("label")
+    @classmethod
+    def _label(cls, v: str) -> str:
+        if not LABEL_RE.fullmatch(v):
+            raise ValueError(f"judge label {v!r} must match {LABEL_RE.pattern}")
+        return v
+
+
+class AnalysisSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    bootstrap_resamples: int = Field(default=2000, ge=100)
+    permutations: int = Field(default=10000, ge=100)
+    alpha: float = Field(default=0.05, gt=0, lt=1)
+    correction: Literal["holm"] = "holm"
+    seed: int = 20261126
+
+
+class StudyDefinition(BaseModel):
+    """``study.yaml``: what a lab declares before its study opens."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    study_id: str
+    title: str = ""
+    suite: str = BEAUTY_SUITE_VERSION
+    question: str = BEAUTY_QUESTION
+    memo: bool = True  # the optional 10-second voice memo (never used for scoring)
+    tools: list[str] = Field(min_length=2)  # model ids in the object store (models/<id>/<prompt_id>.<ext>)
+    host_tool: str | None = None  # H5
+    praised_for_aesthetics: list[str] = Field(default_factory=list)  # H4
+    groups: list[PanelGroup] = Field(default_factory=lambda: [PanelGroup(name=k, description=v) for k, v in PUBLISHED_GROUPS.items()])
+    judges: list[JudgeSpec] = Field(min_length=1)
+    # FID/KID need a reference image folder (the user's), CLIP/IS their weights: local paths.
+    reference_images: str | None = None
+    analysis: AnalysisSettings = Field(default_factory=AnalysisSettings)
+    simulated: bool = False  # answers made up by `make demo`: labelled SIMULATED on every output
+    licence: str = "CC-BY-4.0"
+
+    @field_validator("study_id")
+    @classmethod
+    def _study_id(cls, v: str) -> str:
+        if not STUDY_ID_RE.fullmatch(v):
+            raise ValueError(f"study_id {v!r} must match {STUDY_ID_RE.pattern}")
+        return v
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "StudyDefinition":
+        groups = {g.name for g in self.groups}
+        if len(groups) != len(self.groups):
+            raise ValueError("a panel group is declared twice")
+        unknown = sorted({j.group for j in self.judges} - groups)
+        if unknown:
+            raise ValueError(f"judges in unknown panel group(s) {unknown}; declared groups: {sorted(groups)}")
+        labels = [j.label for j in self.judges]
+        if len(set(labels)) != len(labels):
+            raise ValueError("a judge label appears twice")
+        if len(set(self.tools)) != len(self.tools):
+            raise ValueError("a tool appears twice")
+        for name, tools in (("host_tool", [self.host_tool] if self.host_tool else []), ("praised_for_aesthetics", self.praised_for_aesthetics)):
+            missing = [t for t in tools if t not in self.tools]
+            if missing:
+                raise ValueError(f"{name} names tool(s) {missing} not in tools {self.tools}")
+        return self
+
+
+class PreRegistration(BaseModel):
+    """``preregistration.json``: written once at ``study open``, sha256-pinned; ``analyze``
+    refuses a plan whose bytes changed after the first answer arrived."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    format: Literal["imagebench-preregistration/1"] = "imagebench-preregistration/1"
+    study_id: str
+    created_at: str  # UTC ISO timestamp
+    definition_sha256: str  # of the canonical JSON of the StudyDefinition as opened
+    suite: str
+    suite_sha256: str
+    hypotheses: dict[str, str]
+    analysis: AnalysisSettings
+    order_seed: int  # the per-judge permutations derive from it and the judge's label
+    host_tool: str | None
+    praised_for_aesthetics: list[str]
+
+
+# ---- lake tables of a study (partitioned by study: <lake>/<table>/study_id=<id>/data.parquet) ----
+TS = pa.timestamp("us", tz="UTC")
+
+STUDY_ANSWERS = pa.schema(
+    [
+        pa.field("study_id", pa.string(), nullable=False),
+        pa.field("judge_id", pa.string(), nullable=False),  # salted hash of the label (never the label)
+        pa.field("panel_group", pa.string(), nullable=False),
+        pa.field("tool", pa.string(), nullable=False),
+        pa.field("prompt_id", pa.string(), nullable=False),
+        pa.field("image_id", pa.string()),  # the opaque id the judge saw; null for imported answers
+        pa.field("position", pa.int32()),  # place in the judge's queue (0-based); null when imported
+        pa.field("answer", pa.bool_(), nullable=False),  # True = yes
+        pa.field("shown_at", TS, nullable=False),
+        pa.field("answered_at", TS, nullable=False),
+        pa.field("memo", pa.bool_(), nullable=False),  # a memo exists and consent was given
+        pa.field("source", pa.string(), nullable=False),  # "panel" | "import" | "simulated"
+    ]
+)
+
+STUDY_RATES = pa.schema(  # one row per (tool, prompt): % of judges who said yes
+    [
+        pa.field("study_id", pa.string(), nullable=False),
+        pa.field("tool", pa.string(), nullable=False),
+        pa.field("prompt_id", pa.string(), nullable=False),
+        pa.field("answers", pa.int32(), nullable=False),
+        pa.field("yes", pa.int32(), nullable=False),
+        pa.field("yes_rate", pa.float64(), nullable=False),  # 0-100
+    ]
+)
+
+STUDY_INDEX = pa.schema(  # one row per tool (panel_group "all") and per (tool, panel group)
+    [
+        pa.field("study_id", pa.string(), nullable=False),
+        pa.field("tool", pa.string(), nullable=False),
+        pa.field("panel_group", pa.string(), nullable=False),
+        pa.field("beauty_index", pa.float64()),  # mean over prompts of the (tool, prompt) % yes
+        pa.field("beauty_index_lo", pa.float64()),  # two-way cluster bootstrap (judges x prompts)
+        pa.field("beauty_index_hi", pa.float64()),
+        pa.field("rank", pa.int32()),
+        pa.field("answers", pa.int32(), nullable=False),
+        pa.field("simulated", pa.bool_(), nullable=False),
+    ]
+)
+
+STUDY_HYPOTHESES = pa.schema(  # one row per pre-registered hypothesis (H1-H5), Holm across the five
+    [
+        pa.field("study_id", pa.string(), nullable=False),
+        pa.field("hypothesis", pa.string(), nullable=False),  # "H1" .. "H5"
+        pa.field("statement", pa.string(), nullable=False),  # as pre-registered
+        pa.field("test", pa.string(), nullable=False),  # what was computed (e.g. "Kendall tau, FID vs BI ranks")
+        pa.field("effect_name", pa.string()),  # what the effect is (e.g. "Kendall tau")
+        pa.field("effect", pa.float64()),
+        pa.field("effect_lo", pa.float64()),
+        pa.field("effect_hi", pa.float64()),
+        pa.field("p_value", pa.float64()),
+        pa.field("p_holm", pa.float64()),  # Holm-adjusted across the five
+        pa.field("verdict", pa.string(), nullable=False),  # "supported" | "not supported" | "not tested"
+        pa.field("detail", pa.string()),  # one or two sentences: what was found, or why it was not tested
+        pa.field("headline", pa.string()),  # H5's headline sentence when the host tool places 5th or worse
+        pa.field("simulated", pa.bool_(), nullable=False),
+    ]
+)
+
+STUDY_PIXEL_METRICS = pa.schema(  # one row per tool: the metrics the protocol argues against (item 6)
+    [
+        pa.field("study_id", pa.string(), nullable=False),
+        pa.field("tool", pa.string(), nullable=False),
+        pa.field("fid", pa.float64()),
+        pa.field("fid_lo", pa.float64()),
+        pa.field("fid_hi", pa.float64()),
+        pa.field("kid", pa.float64()),
+        pa.field("clip_score", pa.float64()),
+        pa.field("inception_score", pa.float64()),
+        pa.field("hps_mu", pa.float64()),
+        pa.field("n_images", pa.int32()),
+        pa.field("weights", pa.string()),  # "real" | "TINY RANDOM" (every output says which)
+    ]
+)
+
+STUDY_TABLES: dict[str, pa.Schema] = {
+    "study_answers": STUDY_ANSWERS,
+    "study_rates": STUDY_RATES,
+    "study_index": STUDY_INDEX,
+    "study_hypotheses": STUDY_HYPOTHESES,
+    "study_pixel_metrics": STUDY_PIXEL_METRICS,
+}
+ANSWER_SOURCES = ("panel", "import", "simulated")
+HYPOTHESIS_VERDICTS = ("supported", "not supported", "not tested")
+
+
+def salted_judge_id(salt: str, label: str) -> str:
+    """The judge id every table and export carries: sha256 hex of the study's secret salt followed
+    by the judge's label (as ``tasks.panel.store.PanelStore.answers_table`` computes it). The salt
+    never leaves the study folder, so the id cannot be recomputed from a guessed label."""
+    import hashlib
+
+    return hashlib.sha256((salt + label).encode()).hexdigest()

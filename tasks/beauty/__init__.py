@@ -1,0 +1,1 @@
+"""The Beauty Index (issue 9): study definition, suite, analysis."""

@@ -1,0 +1,208 @@
+"""`imagebench study export`: the open-data bundle of a study (CC-BY 4.0).
+
+    answers.parquet / answers.csv   one row per judge x image: salted-hash judge id, panel group,
+                                    prompt, tool, answer, shown_at, answered_at, position, memo file
+    yes_rates.csv, beauty_index.csv, hypotheses.csv, pixel_metrics.csv   the analysis (lake tables)
+    study.json                      the study definition, judges replaced by the panel's counts
+    preregistration.json            the pinned plan, byte for byte (when the study was opened)
+    prompts.jsonl                   the prompt suite as pinned
+    datasheet.md                    protocol, schema, panel composition, licence, pre-registration sha256
+    LICENSE.txt                     CC-BY 4.0
+    memos/<judge_id>-<position>.<ext>   voice memos, only those kept with the judge's consent
+    SHA256SUMS                      over every file above
+
+Nothing can re-identify a judge: no label, token, session, IP address, image id or local path is
+written (tests/beauty/test_publish.py scans every byte). The bundle is built in a temporary
+folder beside the target and swapped in whole.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import io
+import json
+import os
+import shutil
+import tempfile
+from collections import Counter
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from schemas.study import MEMO_MAX_SECONDS, PUBLISHED_GROUPS, salted_judge_id
+
+BUNDLE_MARKER = "datasheet.md"
+ANSWER_COLUMNS = ("judge_id", "panel_group", "prompt_id", "prompt", "tool", "answer", "shown_at", "answered_at",
+                  "position", "memo_file", "source")
+CC_BY = (
+    "Creative Commons Attribution 4.0 International (CC BY 4.0)\n"
+    "https://creativecommons.org/licenses/by/4.0/legalcode\n\n"
+    "You are free to share and adapt this material for any purpose, even commercially, provided you give\n"
+    "appropriate credit, provide a link to the licence, and indicate if changes were made.\n"
+)
+
+
+class ExportError(RuntimeError):
+    """The bundle cannot be written (not analysed yet, or the target holds something else)."""
+
+
+def _csv(table: pa.Table) -> str:
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(table.column_names)
+    for row in table.to_pylist():
+        w.writerow(["" if v is None else ("yes" if v is True else "no" if v is False else
+                                          v.isoformat() if hasattr(v, "isoformat") else v) for v in row.values()])
+    return buf.getvalue()
+
+
+def _public_definition(definition, counts: Counter) -> dict:
+    """The study definition without anything about judges but their number per group (labels
+    are identities in the making) and without local paths."""
+    d = definition.model_dump(mode="json")
+    d.pop("judges", None)
+    d.pop("reference_images", None)
+    d["panel"] = {g["name"]: counts.get(g["name"], 0) for g in d["groups"]}
+    return d
+
+
+def _datasheet(ctx, prereg_sha: str | None, counts: Counter, answers: pa.Table, index: pa.Table, memos: int, notes: list[str]) -> str:
+    d = ctx.definition
+    lines = [f"# Datasheet: Beauty Index study `{d.study_id}`", ""]
+    lines += [f"**{n}**" for n in notes] + ([""] if notes else [])
+    lines += [
+        f"{d.title}" if d.title else "", "",
+        "## Protocol",
+        f"- One question about every image: **\"{d.question}\"** Yes / No, with server-side timestamps "
+        f"(shown, answered){'; an optional voice memo of at most ' + str(MEMO_MAX_SECONDS) + ' s, never used for scoring' if d.memo else ''}.",
+        "- Blind: judges never learnt which tool made an image; images one at a time, never side by side; "
+        "order randomised per judge from a seed recorded at open.",
+        "- Score: % of judges who said yes per (tool, prompt); Beauty Index of a tool = mean over the study's "
+        "prompts of that (tool, prompt)'s % yes (0-100), with two-way cluster bootstrap intervals (judges x prompts).",
+        f"- Prompt suite: `{d.suite}` (sha256 `{ctx.suite_sha256}`, prompts.jsonl). Tools: {', '.join(d.tools)}.",
+        f"- Answers: {answers.num_rows} from {len(set(answers.column('judge_id').to_pylist()))} judges "
+        f"(source: {', '.join(sorted(set(answers.column('source').to_pylist())))}).",
+        "", "## Panel composition (counts only: identities are not published)", "",
+        "| group | description | selection criteria | judges |", "|---|---|---|---|",
+    ]
+    for g in d.groups:
+        desc = g.description or PUBLISHED_GROUPS.get(g.name, "")
+        lines.append(f"| {g.name} | {desc} | {g.selection_criteria or '–'} | {counts.get(g.name, 0)} |")
+    lines += ["", "## Pre-registration", ""]
+    if prereg_sha:
+        lines += [f"preregistration.json, written once at open ({ctx.prereg.created_at}), sha256 `{prereg_sha}`. "
+                  "Hypotheses:", ""] + [f"- {k}: {v}" for k, v in ctx.prereg.hypotheses.items()]
+    else:
+        lines += ["None: the study was never opened in imagebench (answers imported), so no plan was pinned "
+                  "before the answers; the analysis used the settings of study.json."]
+    lines += ["", "## Files and schema", "",
+              "- `answers.parquet` / `answers.csv`: one row per judge x image. `judge_id`: salted sha256 of the "
+              "judge's label (the salt is not published, so ids cannot be recomputed from a guessed name); "
+              "`panel_group`; `prompt_id`, `prompt`; `tool`; `answer` (yes/no; Parquet: boolean); `shown_at`, "
+              "`answered_at` (UTC); `position` (place in the judge's queue, 0-based; empty when imported); "
+              "`memo_file` (memos/..., only where the judge consented); `source` (panel / import / simulated).",
+              "- `yes_rates.csv`, `beauty_index.csv` (panel_group `all` and one row per group), `hypotheses.csv`, "
+              "`pixel_metrics.csv`: the analysis, as in the lake tables of the same names (docs/BEAUTY.md).",
+              f"- `memos/`: {memos} voice memo(s).",
+              "- `study.json`, `preregistration.json`, `prompts.jsonl`, `LICENSE.txt`, `SHA256SUMS` "
+              "(`sha256sum -c SHA256SUMS` checks the bundle).",
+              "", "## Beauty Index", "", "| rank | tool | Beauty Index [95% CI] | answers |", "|---|---|---|---|"]
+    from tasks.beauty.publish import leaderboard_rows
+
+    for r in leaderboard_rows(index):
+        bi = "–" if r["beauty_index"] is None else f"{r['beauty_index']:.1f} [{r['beauty_index_lo']:.1f}, {r['beauty_index_hi']:.1f}]"
+        lines.append(f"| {r['rank']} | {r['tool']} | {bi} | {r['answers']} |")
+    lines += ["", "## Licence", "", f"{d.licence}: prompts, selection criteria, protocol, anonymised answers and "
+              "report. Judges' identities are not part of the release.", ""]
+    return "\n".join(lines)
+
+
+def export_study(settings, study_id: str, out: Path) -> Path:
+    """Write the bundle of an analysed study into ``out`` (a new folder, or an earlier bundle,
+    replaced whole). Returns ``out``."""
+    from tasks.beauty.publish import NOT_PREREGISTERED, SIMULATED_BANNER
+    from tasks.beauty.sources import load_study_context, panel_memos
+    from tasks.beauty.study import PREREG_FILE
+    from tasks.beauty.tables import read_study_partition
+    from tasks.lake import Lake
+
+    out = Path(out)
+    if out.exists() and (not out.is_dir() or (any(out.iterdir()) and not (out / BUNDLE_MARKER).is_file())):
+        raise ExportError(f"{out} exists and is not an earlier study bundle: choose a new folder")
+    ctx = load_study_context(settings, study_id)
+    lake = Lake(settings.lake_dir)
+    tables = {t: read_study_partition(lake, t, study_id)
+              for t in ("study_answers", "study_rates", "study_index", "study_hypotheses", "study_pixel_metrics")}
+    if not tables["study_index"].num_rows:
+        raise ExportError(f"study {study_id} has not been analysed: run imagebench study analyze --study {study_id} first")
+    answers = tables["study_answers"]
+    notes = ([SIMULATED_BANNER] if ctx.definition.simulated else []) + ([NOT_PREREGISTERED] if ctx.prereg is None else [])
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}."))
+    try:
+        # memos: consented ones only, named by salted judge id and queue position
+        memo_files: dict[tuple[str, int], str] = {}
+        memos = panel_memos(ctx)
+        if memos:
+            from tasks.beauty.imports import study_salt
+            from tasks.storage import StoredObject
+            from tasks.work import open_configured_store
+
+            salt, objects = study_salt(ctx.study_dir), open_configured_store(settings)
+            (tmp / "memos").mkdir()
+            for m in memos:
+                jid = salted_judge_id(salt, m["label"])
+                ext = Path(m["object_key"]).suffix.lstrip(".").lower() or "bin"
+                name = f"memos/{jid}-{int(m['position']):03d}.{ext}"
+                data = objects.read(StoredObject(uri="", key=m["object_key"], size=int(m["byte_size"]), etag=""))
+                (tmp / name).write_bytes(data)
+                memo_files[(jid, int(m["position"]))] = name
+
+        rows = []
+        for a in answers.to_pylist():
+            rows.append({
+                "judge_id": a["judge_id"], "panel_group": a["panel_group"], "prompt_id": a["prompt_id"],
+                "prompt": ctx.prompts.get(a["prompt_id"], ""), "tool": a["tool"], "answer": a["answer"],
+                "shown_at": a["shown_at"], "answered_at": a["answered_at"], "position": a["position"],
+                "memo_file": memo_files.get((a["judge_id"], a["position"])) if a["position"] is not None else None,
+                "source": a["source"],
+            })
+        public = pa.Table.from_pylist(rows, schema=pa.schema([
+            ("judge_id", pa.string()), ("panel_group", pa.string()), ("prompt_id", pa.string()), ("prompt", pa.string()),
+            ("tool", pa.string()), ("answer", pa.bool_()), ("shown_at", answers.schema.field("shown_at").type),
+            ("answered_at", answers.schema.field("answered_at").type), ("position", pa.int32()),
+            ("memo_file", pa.string()), ("source", pa.string())]))
+        pq.write_table(public, tmp / "answers.parquet", compression="zstd")
+        (tmp / "answers.csv").write_text(_csv(public), encoding="utf-8")
+        for table, name in (("study_rates", "yes_rates"), ("study_index", "beauty_index"),
+                            ("study_hypotheses", "hypotheses"), ("study_pixel_metrics", "pixel_metrics")):
+            (tmp / f"{name}.csv").write_text(_csv(tables[table]), encoding="utf-8")
+
+        groups_of = {a["judge_id"]: a["panel_group"] for a in rows}
+        counts = Counter(groups_of.values())
+        (tmp / "study.json").write_text(json.dumps(_public_definition(ctx.definition, counts), indent=1, sort_keys=True) + "\n")
+        prereg_sha = None
+        if ctx.prereg is not None:
+            data = (ctx.study_dir / PREREG_FILE).read_bytes()
+            (tmp / PREREG_FILE).write_bytes(data)
+            prereg_sha = hashlib.sha256(data).hexdigest()
+        (tmp / "prompts.jsonl").write_text(
+            "".join(json.dumps({"prompt_id": p, "prompt": ctx.prompts[p]}) + "\n" for p in ctx.prompt_ids))
+        (tmp / "LICENSE.txt").write_text(CC_BY)
+        (tmp / BUNDLE_MARKER).write_text(
+            _datasheet(ctx, prereg_sha, counts, answers, tables["study_index"], len(memo_files), notes), encoding="utf-8")
+        files = sorted(p for p in tmp.rglob("*") if p.is_file())
+        (tmp / "SHA256SUMS").write_text("".join(
+            f"{hashlib.sha256(p.read_bytes()).hexdigest()}  {p.relative_to(tmp).as_posix()}\n" for p in files))
+        if out.exists():
+            shutil.rmtree(out)
+        tmp.chmod(0o755)  # mkdtemp makes it 0700; a bundle is for publishing
+        os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
+

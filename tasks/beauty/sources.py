@@ -1,0 +1,124 @@
+"""Where a study's answers come from: its panel store, or answers imported / simulated into the
+lake. One study has one source (import refuses a study whose panel holds answers).
+
+The study itself (study.yaml, pre-registration, folder) is loaded by ``tasks.beauty.study``; the
+panel store is ``tasks.panel.store.PanelStore``. Both are imported lazily: nothing here pulls in
+torch, Prefect or GX.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from schemas.study import PreRegistration, StudyDefinition
+
+class StudyNotReady(RuntimeError):
+    """The study cannot be analysed yet (no answers, or a plan that changed after answers arrived)."""
+
+
+@dataclass(frozen=True)
+class StudyContext:
+    definition: StudyDefinition
+    prereg: PreRegistration | None
+    study_dir: Path
+    prompt_ids: list[str]
+    prompts: dict[str, str]  # prompt_id -> prompt text
+    suite_sha256: str
+
+    @property
+    def study_id(self) -> str:
+        return self.definition.study_id
+
+
+def load_study_context(settings, study_id: str) -> StudyContext:
+    from tasks.beauty.study import load_study
+    from tasks.beauty.suite import load_beauty_suite
+
+    definition, prereg, study_dir = load_study(settings, study_id)
+    suite = load_beauty_suite(settings.reference_dir, definition.suite)
+    return StudyContext(
+        definition=definition, prereg=prereg, study_dir=Path(study_dir),
+        prompt_ids=[p.prompt_id for p in suite.prompts], prompts={p.prompt_id: p.prompt for p in suite.prompts},
+        suite_sha256=suite.sha256,
+    )
+
+
+def _open_store(ctx: StudyContext):
+    """The study's panel store, or None when the study was never opened for the panel app (no
+    SQLite file beside it and no ``IMAGEBENCH_PANEL_DATABASE``): opening would create one."""
+    import os
+
+    from tasks.panel.store import PANEL_DATABASE_ENV, PANEL_DB_NAME, PanelStore
+
+    if not os.environ.get(PANEL_DATABASE_ENV) and not (ctx.study_dir / PANEL_DB_NAME).is_file():
+        return None
+    store = PanelStore.open(ctx.study_dir, study_id=ctx.study_id)
+    if not store.exists():
+        store.dispose()
+        return None
+    return store
+
+
+def has_panel_store(ctx: StudyContext) -> bool:
+    """Whether the study was opened for the panel app."""
+    store = _open_store(ctx)
+    if store is None:
+        return False
+    store.dispose()
+    return True
+
+
+def panel_answers(ctx: StudyContext) -> pa.Table | None:
+    """The panel store's answers (STUDY_ANSWERS, salted judge ids), or None without a store."""
+    from tasks.beauty.imports import study_salt
+
+    store = _open_store(ctx)
+    if store is None:
+        return None
+    try:
+        return store.answers_table(study_salt(ctx.study_dir))
+    finally:
+        store.dispose()
+
+
+def panel_memos(ctx: StudyContext) -> list[dict]:
+    """The memos kept with the judge's consent (object key, media type, label, position), or []."""
+    store = _open_store(ctx)
+    if store is None:
+        return []
+    try:
+        return store.memo_rows()
+    finally:
+        store.dispose()
+
+
+def collect_answers(settings, ctx: StudyContext) -> pa.Table:
+    """The answers to analyse: the panel store's when it holds any, else what was imported (or
+    simulated) into the lake. Refuses a study without answers."""
+    from tasks.beauty.tables import read_study_partition
+    from tasks.lake import Lake
+
+    live = panel_answers(ctx)
+    if live is not None and live.num_rows:
+        return live
+    stored = read_study_partition(Lake(settings.lake_dir), "study_answers", ctx.study_id)
+    stored = stored.filter(pc.is_in(stored.column("source"), pa.array(["import", "simulated"])))
+    if stored.num_rows:
+        return stored
+    raise StudyNotReady(
+        f"study {ctx.study_id} has no answers yet: judges answer in the panel app (imagebench panel serve), "
+        "or bring a CSV with imagebench study import-answers FILE --study ID"
+    )
+
+
+def verify_plan(settings, ctx: StudyContext) -> None:
+    """Refuse to analyse a study whose plan changed after it was pinned at ``open``: the
+    pre-registration's bytes must still match the study folder's SHA256SUMS and the study.yaml in
+    force must be the definition it pinned (tasks.beauty.study.load_study checks both, now)."""
+    from tasks.beauty.study import load_study
+
+    load_study(settings, ctx.study_id)

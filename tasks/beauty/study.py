@@ -1,0 +1,336 @@
+"""A Beauty Index study's life: ``init`` (a study.yaml to edit), ``open`` (ingest, blind,
+pre-register, draw orders, issue tokens), ``status``, ``close``. The web app is tasks/panel/app.py.
+
+State lives under ``$IMAGEBENCH_HOME/studies/<study_id>/`` (schemas/study.py): ``study.yaml``,
+``preregistration.json`` (create-once, read-only, pinned in that folder's ``SHA256SUMS``),
+``images/<opaque id>.jpg`` (the blinded copies) and ``panel.sqlite`` (tasks/panel/store.py).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import secrets
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+
+import yaml
+from pydantic import ValidationError
+
+from schemas.study import HYPOTHESES, PUBLISHED_GROUP_SIZES, STUDY_ID_RE, PreRegistration, StudyDefinition
+
+STUDY_FILE = "study.yaml"
+PREREG_FILE = "preregistration.json"
+SUMS_FILE = "SHA256SUMS"
+IMAGES_DIR = "images"
+MEMO_PREFIX = "studies/{study_id}/memos/"
+
+
+class StudyError(ValueError):
+    """A study that cannot be initialised, opened, read or closed as asked (one-line message)."""
+
+
+# ---- where things are ------------------------------------------------------------------------
+
+
+def study_dir(settings, study_id: str) -> Path:
+    if not isinstance(study_id, str) or not STUDY_ID_RE.fullmatch(study_id):
+        raise StudyError(f"invalid study id {study_id!r}: must match {STUDY_ID_RE.pattern}")
+    return Path(settings.home) / "studies" / study_id
+
+
+def memo_key(study_id: str, memo_id: str, ext: str) -> str:
+    return MEMO_PREFIX.format(study_id=study_id) + f"{memo_id}.{ext}"
+
+
+def canonical_definition(definition: StudyDefinition) -> bytes:
+    return json.dumps(definition.model_dump(mode="json"), sort_keys=True, separators=(",", ":")).encode()
+
+
+def load_definition(path: Path) -> StudyDefinition:
+    path = Path(path)
+    if not path.is_file():
+        raise StudyError(f"{path}: study file not found (imagebench study init ID writes one)")
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        raise StudyError(f"{path}: not valid YAML ({str(exc).splitlines()[0]})") from None
+    if not isinstance(data, dict):
+        raise StudyError(f"{path}: expected a mapping of study settings")
+    try:
+        return StudyDefinition.model_validate(data)
+    except ValidationError as exc:
+        errs = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'study'}: {e['msg'].removeprefix('Value error, ')}"
+                         for e in exc.errors())
+        raise StudyError(f"{path}: {errs}") from None
+
+
+def _sha256_file(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _read_sums(d: Path) -> dict[str, str]:
+    p = d / SUMS_FILE
+    if not p.is_file():
+        return {}
+    out = {}
+    for line in p.read_text().splitlines():
+        if line.strip():
+            digest, _, name = line.partition("  ")
+            out[name] = digest
+    return out
+
+
+def verify_preregistration(d: Path) -> PreRegistration | None:
+    """The study's pre-registration, checked against its SHA256SUMS line (None before ``open``)."""
+    path = d / PREREG_FILE
+    pinned = _read_sums(d).get(PREREG_FILE)
+    if not path.is_file():
+        if pinned:
+            raise StudyError(f"{path} is missing but pinned in {d / SUMS_FILE}: restore it from a backup")
+        return None
+    actual = _sha256_file(path)
+    if pinned is None:
+        raise StudyError(f"{path} is not pinned in {d / SUMS_FILE} (an interrupted open?): the plan cannot be trusted")
+    if actual != pinned:
+        raise StudyError(f"{path} was modified after it was written: sha256 {actual}, pinned {pinned}")
+    return PreRegistration.model_validate_json(path.read_bytes())
+
+
+def load_study(settings, study_id: str) -> tuple[StudyDefinition, PreRegistration | None, Path]:
+    """(definition, pre-registration or None before open, study folder). Refuses a tampered
+    pre-registration and a study.yaml edited after ``open``."""
+    d = study_dir(settings, study_id)
+    definition = load_definition(d / STUDY_FILE)
+    if definition.study_id != study_id:
+        raise StudyError(f"{d / STUDY_FILE}: study_id is {definition.study_id!r}, but the folder is {study_id!r}")
+    prereg = verify_preregistration(d)
+    if prereg is not None:
+        got = hashlib.sha256(canonical_definition(definition)).hexdigest()
+        if got != prereg.definition_sha256:
+            raise StudyError(f"{d / STUDY_FILE} changed after the study was opened (sha256 {got[:12]}..., "
+                             f"pre-registered {prereg.definition_sha256[:12]}...): the plan is frozen; restore it")
+    return definition, prereg, d
+
+
+def open_panel_store(settings, study_id: str):
+    from tasks.panel.store import PanelStore
+
+    return PanelStore.open(study_dir(settings, study_id), study_id=study_id,
+                           database=getattr(settings, "panel_database", None))
+
+
+# ---- init ----------------------------------------------------------------------------------------
+
+
+def template(study_id: str, tools: list[str], host_tool: str | None = None) -> str:
+    """A study.yaml to edit: the published panel shape (20 anonymous labels in five groups)."""
+    judges = [{"label": f"{g}-{i:02d}", "group": g} for g, n in PUBLISHED_GROUP_SIZES.items() for i in range(1, n + 1)]
+    body = {
+        "study_id": study_id,
+        "title": f"Beauty Index study {study_id}",
+        "suite": "beauty-index-v1",
+        "question": "Did this make you feel something?",
+        "memo": True,
+        "tools": tools,
+        "host_tool": host_tool,
+        "praised_for_aesthetics": [],
+        "judges": judges,
+    }
+    head = ("# Beauty Index study (docs/BEAUTY.md). Edit, then: imagebench study open " + study_id + "\n"
+            "# tools: model ids in the object store (models/<tool>/<prompt_id>.png, one image per prompt of the suite)\n"
+            "# judges: anonymous labels only (never names); groups default to the five published ones\n")
+    return head + yaml.safe_dump(body, sort_keys=False, allow_unicode=True)
+
+
+def init_study(settings, study_id: str, tools: list[str] | None = None, host_tool: str | None = None) -> Path:
+    """Write ``studies/<id>/study.yaml`` (refuses to overwrite one). Tools default to every model
+    of the object store. The file is validated before it is written."""
+    from tasks.storage import validate_model_id
+
+    d = study_dir(settings, study_id)
+    path = d / STUDY_FILE
+    if path.exists():
+        raise StudyError(f"{path} already exists: edit it, or pick another study id")
+    if not tools:
+        from tasks.work import open_configured_store
+
+        tools = open_configured_store(settings).list_models()
+    for t in tools:
+        validate_model_id(t)
+    text = template(study_id, list(tools), host_tool)
+    try:
+        StudyDefinition.model_validate(yaml.safe_load(text))
+    except ValidationError as exc:
+        raise StudyError(f"cannot write a study with tools {tools}: {exc.errors()[0]['msg']}") from None
+    d.mkdir(parents=True, exist_ok=True)
+    with open(path, "x", encoding="utf-8") as fh:
+        fh.write(text)
+    return path
+
+
+# ---- open ----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class OpenedStudy:
+    study_dir: Path
+    preregistration: PreRegistration
+    admin_token: str = field(repr=False)
+    judge_tokens: dict[str, str] = field(repr=False)  # label -> token: shown once, stored hashed
+    n_images: int = 0
+
+
+def judge_order(order_seed: int, label: str, image_ids: list[str]) -> list[str]:
+    """The judge's permutation of the study's images: a pure function of the recorded seed and the
+    label (reproducible; a different order per judge)."""
+    key = int.from_bytes(hashlib.sha256(f"{order_seed}:{label}".encode()).digest()[:8], "big")
+    out = list(image_ids)
+    random.Random(key).shuffle(out)
+    return out
+
+
+def missing_images(ingested: dict[str, list[dict]]) -> dict[str, list[str]]:
+    """``{tool: ["<prompt_id> (<state>[: reason])", ...]}`` for every prompt without a usable image."""
+    out: dict[str, list[str]] = {}
+    for tool, rows in ingested.items():
+        bad = [f"{r['prompt_id']} ({r['state']}{': ' + r['reason'] if r.get('reason') else ''})"
+               for r in rows if r["state"] != "ok"]
+        if bad:
+            out[tool] = bad
+    return out
+
+
+def _write_prereg(d: Path, prereg: PreRegistration) -> None:
+    """Create-once: a complete temp file hard-linked to the name (fails if it exists), read-only,
+    then pinned in SHA256SUMS."""
+    data = (json.dumps(prereg.model_dump(mode="json"), sort_keys=True, indent=1) + "\n").encode()
+    fd, tmp = tempfile.mkstemp(dir=d, prefix=".prereg.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.link(tmp, d / PREREG_FILE)
+    finally:
+        os.unlink(tmp)
+    os.chmod(d / PREREG_FILE, 0o444)
+    with open(d / SUMS_FILE, "a", encoding="utf-8") as fh:
+        fh.write(f"{hashlib.sha256(data).hexdigest()}  {PREREG_FILE}\n")
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
+def open_study(settings, study_id: str, now: datetime | None = None) -> OpenedStudy:
+    """Open the study: every tool's images ingested with the usual validation (refused, naming
+    them, when a tool lacks a usable image for some prompt), blinded, the pre-registration written
+    once, per-judge orders drawn from its seed, tokens issued. Prints nothing; returns the tokens
+    (the only time they exist in clear)."""
+    from tasks.beauty.suite import load_beauty_suite
+    from tasks.ingest import ingest_model
+    from tasks.panel.blind import BLIND_EXTENSION, blind_image, opaque_id
+    from tasks.panel.store import new_token, sha256_hex
+    from tasks.work import open_configured_store
+
+    now = now or datetime.now(UTC)
+    definition, prereg, d = load_study(settings, study_id)
+    store = open_panel_store(settings, study_id)
+    try:
+        if store.exists():
+            raise StudyError(f"study {study_id} is already open (imagebench study status {study_id}); its links were shown at open")
+        suite = load_beauty_suite(settings.reference_dir, definition.suite)
+        objects = open_configured_store(settings)
+        ingested: dict[str, list[dict]] = {}
+        for tool in definition.tools:
+            result = ingest_model(objects, tool, suite, Path(settings.home), now=now)
+            ingested[tool] = result.images.to_pylist()
+        missing = missing_images(ingested)
+        if missing:
+            detail = "; ".join(f"{t}: {', '.join(v)}" for t, v in missing.items())
+            raise StudyError(f"study {study_id} cannot open: tools missing usable images for some prompts of "
+                             f"{suite.version}: {detail}")
+
+        if prereg is None:
+            prereg = PreRegistration(
+                study_id=study_id, created_at=now.isoformat(),
+                definition_sha256=hashlib.sha256(canonical_definition(definition)).hexdigest(),
+                suite=suite.version, suite_sha256=suite.sha256, hypotheses=dict(HYPOTHESES),
+                analysis=definition.analysis, order_seed=secrets.randbits(62), host_tool=definition.host_tool,
+                praised_for_aesthetics=list(definition.praised_for_aesthetics))
+            _write_prereg(d, prereg)
+        elif prereg.suite_sha256 != suite.sha256:
+            raise StudyError(f"{d / PREREG_FILE} was registered with suite sha256 {prereg.suite_sha256}, not {suite.sha256}")
+
+        # Blind into a fresh folder, then swap it in (a crashed open leaves no half folder in use).
+        tmp = Path(tempfile.mkdtemp(dir=d, prefix=".images."))
+        image_rows = []
+        for tool in definition.tools:
+            for row in ingested[tool]:
+                src = (Path(settings.home) / row["image_path"]).read_bytes()
+                blinded = blind_image(src)
+                image_id = opaque_id()
+                (tmp / f"{image_id}.{BLIND_EXTENSION}").write_bytes(blinded.data)
+                image_rows.append({"image_id": image_id, "tool": tool, "prompt_id": row["prompt_id"],
+                                   "source_sha256": row["image_sha256"],
+                                   "blind_sha256": hashlib.sha256(blinded.data).hexdigest()})
+        if (d / IMAGES_DIR).exists():
+            shutil.rmtree(d / IMAGES_DIR)  # left by an open that crashed before the store was written
+        os.replace(tmp, d / IMAGES_DIR)
+
+        # Canonical order before shuffling: (tool, prompt), so the permutation depends only on seed + label.
+        by_pair = sorted(image_rows, key=lambda r: (r["tool"], r["prompt_id"]))
+        ids = [r["image_id"] for r in by_pair]
+        tokens = {j.label: new_token() for j in definition.judges}
+        admin = new_token()
+        store.create_study(
+            order_seed=prereg.order_seed, memo=definition.memo, admin_token_sha256=sha256_hex(admin), opened_at=now,
+            image_rows=image_rows,
+            judge_rows=[{"label": j.label, "panel_group": j.group, "token_sha256": sha256_hex(tokens[j.label])}
+                        for j in definition.judges],
+            queues={j.label: judge_order(prereg.order_seed, j.label, ids) for j in definition.judges})
+        return OpenedStudy(d, prereg, admin, tokens, len(image_rows))
+    finally:
+        store.dispose()
+
+
+# ---- status / close ------------------------------------------------------------------------------
+
+
+def study_status(settings, study_id: str) -> dict:
+    definition, prereg, d = load_study(settings, study_id)
+    store = open_panel_store(settings, study_id)
+    try:
+        row = store.study_row()
+        if row is None:
+            return {"study_id": study_id, "state": "defined", "tools": definition.tools, "judges": [],
+                    "answers": 0, "images": 0, "preregistration_sha256": None, "study_dir": str(d)}
+        from tasks.panel.store import from_us
+
+        judges = store.judge_progress()
+        return {
+            "study_id": study_id, "state": row["state"], "opened_at": from_us(row["opened_at"]),
+            "closed_at": from_us(row["closed_at"]) if row["closed_at"] else None, "tools": definition.tools,
+            "judges": judges, "answers": sum(j["answered"] for j in judges),
+            "expected": sum(j["total"] for j in judges), "images": len(store.image_rows()),
+            "preregistration_sha256": _read_sums(d).get(PREREG_FILE), "study_dir": str(d),
+            "simulated": definition.simulated,
+        }
+    finally:
+        store.dispose()
+
+
+def close_study(settings, study_id: str) -> bool:
+    """Close the study: the panel accepts nothing after this. False when it was already closed."""
+    load_study(settings, study_id)
+    store = open_panel_store(settings, study_id)
+    try:
+        if not store.exists():
+            raise StudyError(f"study {study_id} was never opened (imagebench study open {study_id})")
+        return store.close()
+    finally:
+        store.dispose()

@@ -1,0 +1,168 @@
+"""A Beauty Index study's page in the static site: ``studies/<study_id>.html``.
+
+Tool x prompt heatmap of % yes, per-tool bars with 95% intervals, panel groups side by side, the
+hypothesis table and the pixel metrics (FID, KID, CLIP, IS, HPSv3 mu) next to the Beauty Index.
+Read from the study's lake tables (written by the `study-analyze` flow); every note the study
+carries (SIMULATED, not pre-registered, TINY RANDOM) is a banner on the page.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow as pa
+from markupsafe import Markup
+
+from tasks.report.svg import FONT, HeatCol, HeatRow, esc, heatmap
+
+STUDIES_DIR = "studies"
+METRIC_COLUMNS = (("fid", "FID"), ("kid", "KID"), ("clip_score", "CLIP score"), ("inception_score", "Inception Score"),
+                  ("hps_mu", "HPSv3 mu"))
+
+
+@dataclass(frozen=True)
+class StudyLink:
+    study_id: str
+    title: str
+    page: str  # relative to the site root
+    simulated: bool
+
+
+def _f(x, digits: int = 1) -> str:
+    return "–" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{digits}f}"
+
+
+def _ci(x, lo, hi, digits: int = 1) -> str:
+    return f"{_f(x, digits)} [{_f(lo, digits)}, {_f(hi, digits)}]" if x is not None else "–"
+
+
+def bars_svg(rows: list[dict], uid: str = "bi-bars") -> str:
+    """Horizontal bars (0-100) with 95% interval whiskers, one per tool, best first."""
+    label_w = min(240.0, max([len(r["tool"]) for r in rows] + [6]) * 6.6 + 14)
+    bar_w, row_h = 420.0, 26
+    width, height = label_w + bar_w + 90, row_h * len(rows) + 40
+    x0 = label_w
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" class="chart bars" id="{esc(uid)}" viewBox="0 0 {width:.0f} {height:.0f}" '
+           f'width="{width:.0f}" height="{height:.0f}" role="img" aria-label="Beauty Index per tool" {FONT} font-size="12">',
+           "<title>Beauty Index per tool (95% intervals)</title>",
+           f'<rect x="0" y="0" width="{width:.0f}" height="{height:.0f}" fill="#ffffff"/>']
+    for t in (0, 25, 50, 75, 100):
+        x = x0 + bar_w * t / 100
+        out.append(f'<line x1="{x:.1f}" y1="4" x2="{x:.1f}" y2="{height - 26:.1f}" stroke="#e3e3e3"/>')
+        out.append(f'<text x="{x:.1f}" y="{height - 10:.1f}" text-anchor="middle" fill="#555" font-size="11">{t}</text>')
+    for i, r in enumerate(rows):
+        y = 6 + row_h * i
+        bi, lo, hi = r["beauty_index"], r["beauty_index_lo"], r["beauty_index_hi"]
+        tip = f"{r['tool']}: {_ci(bi, lo, hi)} ({r['answers']} answers)"
+        out.append(f'<g class="bar" data-tool="{esc(r["tool"])}" data-value="{"" if bi is None else f"{bi:.4f}"}"><title>{esc(tip)}</title>')
+        out.append(f'<text x="{x0 - 8:.1f}" y="{y + 15:.1f}" text-anchor="end" fill="#222">{esc(r["tool"])}</text>')
+        if bi is not None:
+            out.append(f'<rect x="{x0:.1f}" y="{y + 4:.1f}" width="{bar_w * bi / 100:.1f}" height="14" fill="#3b528b"/>')
+            if lo is not None and hi is not None:
+                xl, xh, ym = x0 + bar_w * lo / 100, x0 + bar_w * hi / 100, y + 11
+                out.append(f'<line x1="{xl:.1f}" y1="{ym:.1f}" x2="{xh:.1f}" y2="{ym:.1f}" stroke="#111" stroke-width="1.5"/>')
+                for xe in (xl, xh):
+                    out.append(f'<line x1="{xe:.1f}" y1="{ym - 5:.1f}" x2="{xe:.1f}" y2="{ym + 5:.1f}" stroke="#111" stroke-width="1.5"/>')
+            out.append(f'<text x="{x0 + bar_w + 8:.1f}" y="{y + 15:.1f}" fill="#222">{_f(bi)}</text>')
+        out.append("</g>")
+    out.append("</svg>")
+    return "\n".join(out)
+
+
+def study_page_context(study_id: str, tables: dict[str, pa.Table], title: str, question: str, prompts: dict[str, str],
+                       notes: list[str], prereg_text: str) -> dict:
+    """What the template shows, from the study's lake tables (pure: tests call it directly)."""
+    from tasks.beauty.publish import leaderboard_rows
+
+    index, rates = tables["study_index"], tables["study_rates"]
+    answers, hyps, pixel = tables["study_answers"], tables["study_hypotheses"], tables["study_pixel_metrics"]
+    ranked = leaderboard_rows(index)
+    tools = [r["tool"] for r in ranked]
+    metrics = {r["tool"]: r for r in pixel.to_pylist()}
+    metric_cols = [(c, label) for c, label in METRIC_COLUMNS if any(m.get(c) is not None for m in metrics.values())]
+    rows = [{"tool": r["tool"], "rank": r["rank"] if r["rank"] is not None else "–",
+             "bi": _ci(r["beauty_index"], r["beauty_index_lo"], r["beauty_index_hi"]), "answers": r["answers"],
+             "metrics": [(_ci(metrics[r["tool"]]["fid"], metrics[r["tool"]]["fid_lo"], metrics[r["tool"]]["fid_hi"])
+                          if c == "fid" else _f(metrics[r["tool"]].get(c), 3 if c == "kid" else 2)) if r["tool"] in metrics else "–"
+                         for c, _ in metric_cols]} for r in ranked]
+    metric_note = None
+    if metrics:
+        weights = sorted({m["weights"] for m in metrics.values() if m.get("weights")})
+        n = sorted({m["n_images"] for m in metrics.values() if m.get("n_images") is not None})
+        metric_note = (f"Pixel metrics beside the Beauty Index (weights: {', '.join(weights) or 'unknown'}). FID on "
+                       f"{', '.join(map(str, n)) or 'a few'} images per tool is noisy: read its interval.")
+    prompt_ids = sorted({r["prompt_id"] for r in rates.to_pylist()}, key=lambda p: list(prompts).index(p) if p in prompts else 10**6)
+    rate = {(r["tool"], r["prompt_id"]): r for r in rates.to_pylist()}
+    cells = [[(rate[(t, p)]["yes_rate"] if (t, p) in rate else None,
+               f"{t} x {prompts.get(p, p)}: " + (f"{rate[(t, p)]['yes_rate']:.0f}% yes ({rate[(t, p)]['yes']}/{rate[(t, p)]['answers']})"
+                                                  if (t, p) in rate else "no answers")) for p in prompt_ids] for t in tools]
+    hm = heatmap([HeatRow(t) for t in tools], [HeatCol(prompts.get(p, p)) for p in prompt_ids], cells,
+                 title="% of judges who said yes, per tool and prompt", uid="hm-yes")
+    groups = sorted({r["panel_group"] for r in index.to_pylist()} - {"all"})
+    by_group = {(r["tool"], r["panel_group"]): r for r in index.to_pylist()}
+    gcells = [[(by_group[(t, g)]["beauty_index"] if (t, g) in by_group else None,
+                f"{t}, {g}: " + (_ci(by_group[(t, g)]["beauty_index"], by_group[(t, g)]["beauty_index_lo"], by_group[(t, g)]["beauty_index_hi"])
+                                 if (t, g) in by_group else "no answers")) for g in groups] for t in tools]
+    ghm = heatmap([HeatRow(t) for t in tools], [HeatCol(g) for g in groups], gcells,
+                  title="Beauty Index per tool and panel group", uid="hm-groups")
+    group_rows = [(t, [_ci(by_group[(t, g)]["beauty_index"], by_group[(t, g)]["beauty_index_lo"], by_group[(t, g)]["beauty_index_hi"])
+                       if (t, g) in by_group else "–" for g in groups]) for t in tools]
+    hyp_rows = [{"hypothesis": h["hypothesis"], "statement": h["statement"], "test": h["test"],
+                 "effect": (f"{h['effect_name'] or ''} " + _ci(h["effect"], h["effect_lo"], h["effect_hi"], 3)).strip(),
+                 "p": _f(h["p_value"], 4), "p_holm": _f(h["p_holm"], 4), "verdict": h["verdict"], "detail": h["detail"] or "",
+                 "headline": h["headline"]} for h in hyps.to_pylist()]
+    sources = sorted(set(answers.column("source").to_pylist()))
+    return {
+        "study_id": study_id, "study_title": title or study_id, "question": question, "notes": notes,
+        "n_answers": answers.num_rows, "n_judges": len(set(answers.column("judge_id").to_pylist())),
+        "source": ", ".join(sources), "prereg": prereg_text, "rows": rows, "metric_cols": metric_cols,
+        "metric_note": metric_note, "bars": Markup(bars_svg(ranked)), "heatmap": Markup(hm),
+        "groups_heatmap": Markup(ghm), "groups": groups, "group_rows": group_rows, "hypotheses": hyp_rows,
+    }
+
+
+def build_study_pages(settings, out_dir: Path) -> list[StudyLink]:
+    """Write ``studies/<id>.html`` for every analysed study of the lake into the report folder
+    ``out_dir`` (pages of studies no longer in the lake are removed). Returns links for the index."""
+    from tasks.beauty.publish import NOT_PREREGISTERED, SIMULATED_BANNER
+    from tasks.beauty.sources import load_study_context
+    from tasks.beauty.tables import read_study_partition, studies_in_lake
+    from tasks.lake import Lake
+    from tasks.report.build import CSP, _env, _prepare_out_dir, _write_text
+
+    _prepare_out_dir(Path(out_dir))  # refuses a folder that is not a report, before writing anything
+    lake = Lake(settings.lake_dir)
+    env = _env()
+    links = []
+    for study_id in studies_in_lake(lake):
+        tables = {t: read_study_partition(lake, t, study_id) for t in
+                  ("study_answers", "study_rates", "study_index", "study_hypotheses", "study_pixel_metrics")}
+        simulated = bool(tables["study_index"].num_rows and tables["study_index"].column("simulated")[0].as_py())
+        notes = [SIMULATED_BANNER] if simulated else []
+        title, question, prompts, prereg_text = study_id, "Did this make you feel something?", {}, "unknown (study folder not found)"
+        try:
+            ctx = load_study_context(settings, study_id)
+            title, question, prompts = ctx.definition.title or study_id, ctx.definition.question, ctx.prompts
+            if ctx.prereg is None:
+                notes.append(NOT_PREREGISTERED)
+                prereg_text = "none (answers imported; the plan was not pinned before them)"
+            else:
+                prereg_text = f"pinned at open, {ctx.prereg.created_at} (definition sha256 {ctx.prereg.definition_sha256[:12]}...)"
+        except (OSError, ValueError, RuntimeError) as exc:  # the lake is the record; the folder may be elsewhere
+            notes.append(f"study folder not readable here ({type(exc).__name__}): prompts shown by id")
+        weights = set(tables["study_pixel_metrics"].column("weights").to_pylist())
+        if "TINY RANDOM" in weights:
+            notes.append("pixel metrics from TINY RANDOM networks (no weights given): they show the pipeline only")
+        ctx_page = study_page_context(study_id, tables, title, question, prompts, notes, prereg_text)
+        html = env.get_template("study.html").render(title=f"Beauty Index: {study_id}", meta={}, generated_at=None,
+                                                     csp=CSP, root="../", **ctx_page)
+        page = f"{STUDIES_DIR}/{study_id}.html"
+        _write_text(Path(out_dir) / page, html)
+        links.append(StudyLink(study_id, title, page, simulated))
+    keep = {Path(link.page).name for link in links}
+    for f in (Path(out_dir) / STUDIES_DIR).glob("*.html") if (Path(out_dir) / STUDIES_DIR).is_dir() else ():
+        if f.name not in keep:
+            f.unlink()
+    return links

@@ -1,0 +1,143 @@
+"""Headless Chromium through whole judge sessions of the real app (Debian chromium + chromedriver,
+selenium): one judge by keyboard who closes the tab half way and resumes from the link, one by
+mouse who records a memo with Chromium's fake microphone; then the admin page shows exactly the
+answers the store holds. One browser for the module."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+
+import pytest
+
+from tasks.panel.store import PanelStore
+from tests.tasks.report_helpers.browser import find_browser
+
+FOUND = find_browser()
+pytestmark = pytest.mark.skipif(isinstance(FOUND, str), reason=FOUND if isinstance(FOUND, str) else "")
+FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+         "--disable-background-networking", "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage",
+         "--use-fake-ui-for-media-stream", "--use-fake-device-for-media-stream")
+
+
+@pytest.fixture(scope="module")
+def browser():
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    chromium, driver_path = FOUND
+    profile = tempfile.mkdtemp(prefix="panel-chromium-")
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = chromium
+    for flag in FLAGS:
+        opts.add_argument(flag)
+    opts.add_argument(f"--user-data-dir={profile}")
+    opts.add_argument("--window-size=1200,900")
+    drv = webdriver.Chrome(service=Service(driver_path), options=opts)
+    drv.set_page_load_timeout(30)
+    try:
+        yield drv
+    finally:
+        drv.quit()
+        shutil.rmtree(profile, ignore_errors=True)
+
+
+def _position(drv) -> int:
+    return int(drv.find_element("css selector", "input[name=position]").get_attribute("value"))
+
+
+def _wait_moved(drv, old: int, total: int) -> None:
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    def moved(d):
+        if "You have answered every image" in d.page_source:
+            return old + 1 == total
+        try:
+            return _position(d) == old + 1
+        except Exception:  # noqa: BLE001 - the page is loading
+            return False
+
+    WebDriverWait(drv, 15, poll_frequency=0.05).until(moved)
+
+
+def _image_loaded(drv) -> bool:
+    return drv.execute_script("var i=document.getElementById('stimulus');return i.complete&&(i.naturalWidth===1024||i.naturalHeight===1024);")
+
+
+def test_two_judges_keyboard_resume_mouse_memo_then_admin(browser, panel_study, panel_server):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    drv, base = browser, panel_server.url
+    total = 20
+    expect: dict[str, dict[int, bool]] = {"b00": {}, "b01": {}}
+
+    # Judge b00: Y/N keys; closes the tab after 8 answers and opens the link again in a new one.
+    drv.get(f"{base}/j/{panel_study.tokens['b00']}")
+    for k in range(total):
+        if k == 8:
+            old = drv.current_window_handle
+            drv.switch_to.new_window("tab")
+            new = drv.current_window_handle
+            drv.switch_to.window(old)
+            drv.close()
+            drv.switch_to.window(new)
+            drv.get(f"{base}/j/{panel_study.tokens['b00']}")
+        pos = _position(drv)
+        assert pos == k and drv.find_element(By.ID, "progress").text == f"Image {k + 1} of {total}"
+        assert _image_loaded(drv)
+        yes = k % 3 == 0
+        drv.find_element(By.TAG_NAME, "body").send_keys("y" if yes else "n")
+        expect["b00"][pos] = yes
+        _wait_moved(drv, pos, total)
+    assert "You have answered every image" in drv.page_source
+
+    # Judge b01: mouse; a memo on the first image (fake microphone, consent ticked), stopped by hand.
+    drv.delete_all_cookies()
+    drv.get(f"{base}/j/{panel_study.tokens['b01']}")
+    for k in range(total):
+        pos = _position(drv)
+        assert pos == k
+        if k == 0:
+            drv.find_element(By.ID, "consent").click()
+            drv.find_element(By.ID, "rec").click()
+            WebDriverWait(drv, 10).until(lambda d: d.find_element(By.ID, "rec").text == "Stop")
+            drv.execute_script("return new Promise(r => setTimeout(r, 1200))")
+            drv.find_element(By.ID, "rec").click()
+            WebDriverWait(drv, 15).until(lambda d: d.find_element(By.ID, "memo-state").text == "Memo saved.")
+        yes = k % 4 != 1
+        drv.find_element(By.ID, "yes" if yes else "no").click()
+        expect["b01"][pos] = yes
+        _wait_moved(drv, pos, total)
+
+    store = PanelStore.open(panel_study.study_dir)
+    for label, answers in expect.items():
+        queue = store.queue_of(label)
+        got = {r.position: r for r in _rows(store, label)}
+        assert {p: got[p]["answer"] for p in got} == answers
+        assert all(got[p]["image_id"] == queue[p] for p in got)
+    memos = [m for m in store.memo_rows() if m["label"] == "b01"]
+    assert len(memos) == 1 and memos[0]["position"] == 0 and memos[0]["media_type"] in ("audio/webm", "audio/ogg")
+    memo_bytes = (panel_study.settings.home / "objects" / memos[0]["object_key"]).read_bytes()
+    assert 500 < len(memo_bytes) < 1_000_000
+
+    # The admin page shows exactly what the store holds.
+    drv.delete_all_cookies()
+    drv.get(f"{base}/admin/{panel_study.admin_token}")
+    for label in expect:
+        row = drv.find_element(By.CSS_SELECTOR, f'tr[data-judge="{label}"] td.answered')
+        assert row.text == str(total)
+    shown = {r.get_attribute("data-pair"): (int(r.find_element(By.CLASS_NAME, "answers").text),
+                                              int(r.find_element(By.CLASS_NAME, "yes").text))
+             for r in drv.find_elements(By.CSS_SELECTOR, "tr[data-pair]")}
+    assert shown == {f"{p['tool']}/{p['prompt_id']}": (p["answers"], p["yes"]) for p in store.pair_counts()}
+
+
+def _rows(store: PanelStore, label: str):
+    from sqlalchemy import select
+
+    from tasks.panel.store import answers
+
+    with store.engine.connect() as c:
+        return [r._mapping for r in c.execute(select(answers).where(answers.c.study_id == store.study_id,
+                                                                    answers.c.label == label))]

@@ -1,0 +1,151 @@
+"""Study definition, pinned beauty suite, pre-registration, blinding, orders, tokens, the store."""
+
+from __future__ import annotations
+
+import io
+import os
+import shutil
+import sqlite3
+
+import pytest
+from PIL import Image
+
+from tasks.beauty.study import StudyError, judge_order, load_definition, load_study, open_study
+from tasks.panel.blind import BLIND_LONG_SIDE, blind_image, metadata_markers_in
+from tasks.panel.store import PanelStore, StoreUnavailable
+from tests.panel.conftest import REPO, TOOLS, beauty_prompt_ids, make_settings, stamped_jpeg, stamped_png, write_study, write_tool_images
+
+
+def test_beauty_suite_is_pinned_and_published(tmp_path):
+    from tasks.beauty.suite import load_beauty_suite, parse_beauty_suite
+    from tasks.reference import SuiteTampered
+    from tasks.suite import SuiteError
+
+    suite = load_beauty_suite(REPO / "reference")
+    assert suite.version == "beauty-index-v1" and len(suite.prompts) == 10
+    assert suite.prompts[1].prompt == "Grief, but in color"
+    ref = tmp_path / "reference"
+    shutil.copytree(REPO / "reference", ref, ignore=shutil.ignore_patterns("golden-v1"))
+    path = ref / "suite-beauty-index-v1.jsonl"
+    original = path.read_bytes()
+    path.write_bytes(original.replace(b'"joy-unposed"', b'"joy-unposed-2"'))
+    with pytest.raises(SuiteTampered):
+        load_beauty_suite(ref)
+    with pytest.raises(SuiteError, match="10 published prompts"):
+        parse_beauty_suite(original.replace(b"Joy, unposed", b"Joy, posed"), "beauty-index-v1")
+
+
+@pytest.mark.parametrize("data", [stamped_png("zebra-gen-9", 3), stamped_jpeg("zebra-gen-9", 4)])
+def test_blinding_strips_metadata_and_fixes_the_encoding(data):
+    assert metadata_markers_in(data)  # the inputs do carry what generators stamp
+    out = blind_image(data)
+    assert metadata_markers_in(out.data) == [] and b"zebra" not in out.data.lower()
+    with Image.open(io.BytesIO(out.data)) as im:
+        assert im.format == "JPEG" and max(im.size) == BLIND_LONG_SIDE and im.mode == "RGB"
+        assert "icc_profile" not in im.info and "exif" not in im.info and im.getexif() == {}
+
+
+def test_study_file_errors_name_the_input(tmp_path):
+    bad = tmp_path / "study.yaml"
+    bad.write_text("study_id: s1\ntools: [a, b]\njudges: [{label: j1, group: astronauts}]\n")
+    with pytest.raises(StudyError, match=r"study.yaml: .*unknown panel group.*astronauts"):
+        load_definition(bad)
+    bad.write_text("study_id: s1\ntools: [a, b]\nhost_tool: c\njudges: [{label: j1, group: aphantasia}]\n")
+    with pytest.raises(StudyError, match=r"host_tool names tool\(s\) \['c'\]"):
+        load_definition(bad)
+
+
+def test_open_refuses_tools_missing_images_naming_them(tmp_path):
+    settings = make_settings(tmp_path)
+    ids = beauty_prompt_ids()
+    write_tool_images(tmp_path / "objects", TOOLS[0], ids)
+    write_tool_images(tmp_path / "objects", TOOLS[1], ids, skip={ids[2], ids[5]})
+    (tmp_path / "objects" / "models" / TOOLS[0] / f"{ids[0]}.png").write_bytes(b"\x89PNG not an image")
+    write_study(settings, "s-missing", [("j1", "photographers")])
+    with pytest.raises(StudyError) as info:
+        open_study(settings, "s-missing")
+    msg = str(info.value)
+    a, b = sorted([ids[2], ids[5]])
+    assert f"{TOOLS[1]}: {a} (missing), {b} (missing)" in msg and f"{TOOLS[0]}: {ids[0]} (quarantined" in msg
+    d = tmp_path / "studies" / "s-missing"
+    assert not (d / "preregistration.json").exists() and not (d / "images").exists()
+    assert not PanelStore.open(d).exists()
+
+
+def test_open_preregisters_once_orders_per_judge_and_hashes_tokens(tmp_path):
+    settings = make_settings(tmp_path)
+    for tool in TOOLS:
+        write_tool_images(tmp_path / "objects", tool, beauty_prompt_ids())
+    write_study(settings, "s1", [("j1", "photographers"), ("j2", "aphantasia"), ("j3", "aphantasia")])
+    opened = open_study(settings, "s1")
+    d = opened.study_dir
+    prereg_path = d / "preregistration.json"
+    assert not os.access(prereg_path, os.W_OK) or os.geteuid() == 0
+    assert (d / "SHA256SUMS").read_text().endswith("  preregistration.json\n")
+    with pytest.raises(StudyError, match="already open"):
+        open_study(settings, "s1")
+    # Orders: reproducible from the recorded seed, different per judge, each a permutation.
+    store = PanelStore.open(d)
+    rows = store.image_rows()
+    canonical = [r["image_id"] for r in rows]  # sorted by (tool, prompt)
+    queues = {label: store.queue_of(label) for label in ("j1", "j2", "j3")}
+    for label, q in queues.items():
+        assert q == judge_order(opened.preregistration.order_seed, label, canonical)
+        assert sorted(q) == sorted(canonical)
+    assert len({tuple(q) for q in queues.values()}) == 3
+    # Blinded files named by opaque ids only; tokens stored hashed, never in clear.
+    assert sorted(p.stem for p in (d / "images").iterdir()) == sorted(canonical)
+    db = b"".join(p.read_bytes() for p in d.glob("panel.sqlite*"))
+    for token in [opened.admin_token, *opened.judge_tokens.values()]:
+        assert token.encode() not in db
+    # The plan holds: an edited pre-registration or study.yaml is refused by name.
+    (d / "study.yaml").write_text((d / "study.yaml").read_text() + "title: changed\n")
+    with pytest.raises(StudyError, match="study.yaml changed after the study was opened"):
+        load_study(settings, "s1")
+    os.chmod(prereg_path, 0o644)
+    prereg_path.write_text(prereg_path.read_text().replace('"H1"', '"H1 "'))
+    with pytest.raises(StudyError, match="preregistration.json was modified"):
+        load_study(settings, "s1")
+
+
+def test_locked_database_refuses_cleanly_then_records(panel_study):
+    store = PanelStore.open(panel_study.study_dir, busy_timeout_s=0.2)
+    item = store.next_item("a00")
+    blocker = sqlite3.connect(panel_study.study_dir / "panel.sqlite", timeout=0.1)
+    blocker.isolation_level = None
+    blocker.execute("BEGIN IMMEDIATE")
+    try:
+        with pytest.raises(StoreUnavailable, match="nothing was saved"):
+            store.record_answer("a00", item.position, item.image_id, True)
+    finally:
+        blocker.execute("ROLLBACK")
+        blocker.close()
+    assert store.record_answer("a00", item.position, item.image_id, True) is True
+    assert store.progress_of("a00")[0] == 1
+
+
+def test_cli_study_init_open_status_close(tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from flows.cli import app
+
+    for tool in TOOLS:
+        write_tool_images(tmp_path / "objects", tool, beauty_prompt_ids())
+    monkeypatch.setenv("IMAGEBENCH_HOME", str(tmp_path))
+    monkeypatch.setenv("IMAGEBENCH_REFERENCE_DIR", str(REPO / "reference"))
+    monkeypatch.delenv("IMAGEBENCH_STORE", raising=False)
+    runner = CliRunner()
+    r = runner.invoke(app, ["study", "init", "cli-study", "--host-tool", TOOLS[1]])
+    assert r.exit_code == 0, r.output
+    r = runner.invoke(app, ["study", "open", "cli-study", "--url", "http://panel.example"])
+    assert r.exit_code == 0, r.output
+    links = [line for line in r.stdout.splitlines() if "http://panel.example/" in line]
+    assert len(links) == 21 and links[-1].startswith("admin: http://panel.example/admin/")
+    r = runner.invoke(app, ["study", "open", "cli-study"])
+    assert r.exit_code == 1 and "already open" in r.output
+    r = runner.invoke(app, ["study", "status", "cli-study", "--format", "json"])
+    assert r.exit_code == 0 and '"photographers-01"' in r.stdout
+    r = runner.invoke(app, ["study", "close", "cli-study"])
+    assert r.exit_code == 0 and "cli-study closed" in r.output
+    r = runner.invoke(app, ["study", "open", "no-such"])
+    assert r.exit_code == 1 and "study file not found" in r.output
