@@ -473,8 +473,13 @@ def ingest_model(
     now: datetime | None = None,
     max_workers: int = 8,
     progress: Progress | None = None,
+    other_suites: frozenset[str] = frozenset(),
 ) -> IngestResult:
     """Validate every object of ``model_id`` and build its IMAGES/QUARANTINE rows.
+
+    ``other_suites``: prompt ids of the other pinned suites (a model may render the Beauty Index
+    prompts beside ImageBench's under the same ``models/<id>/``): their objects belong to the other
+    protocol's ingest and are left out here, neither validated nor quarantined.
 
     Raises InvalidModelId before anything is read, StoreError when the store fails (the listing,
     or any read: nothing is returned then; the image cache may already hold copies of valid
@@ -489,7 +494,7 @@ def ingest_model(
         raise ValueError("now must be timezone-aware (UTC)")
     home = Path(home)
 
-    objects = store.list_model_objects(model_id)
+    objects = [o for o in store.list_model_objects(model_id) if prompt_id_of_key(o.key) not in other_suites]
     fingerprint = listing_fingerprint(objects)
     plans = plan_objects(model_id, objects, suite, limits)
     total = len(plans)

@@ -92,3 +92,17 @@ def check_published_shape(suite: Suite, source: str = "<suite>") -> None:
     wrong = {t: n for t, n in per_tag.items() if n != PROMPTS_PER_TAG}
     if wrong:
         raise SuiteError(f"{source}: tags without exactly {PROMPTS_PER_TAG} prompts: {wrong}")
+
+
+def other_suite_prompt_ids(reference_dir: Path, suite_version: str) -> frozenset[str]:
+    """Prompt ids of every other suite in ``reference_dir`` (``suite-*.jsonl``: ImageBench's and
+    the Beauty Index's share the ``models/<id>/<prompt_id>.<ext>`` layout), minus this suite's own."""
+    import json
+
+    own: set[str] = set()
+    other: set[str] = set()
+    for path in sorted(Path(reference_dir).glob("suite-*.jsonl")):
+        ids = {json.loads(line)["prompt_id"] for line in path.read_text(encoding="utf-8").splitlines() if line.strip()}
+        (own if path.name == f"suite-{suite_version}.jsonl" else other).update(ids)
+    return frozenset(other - own)
+

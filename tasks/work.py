@@ -31,7 +31,7 @@ from schemas import lake as lake_schemas
 from schemas.reference import ReferenceFile, ScorerIdentity
 from schemas.settings import Settings
 from tasks import progress
-from tasks.suite import Suite, load_suite
+from tasks.suite import Suite, load_suite, other_suite_prompt_ids
 
 
 def utcnow() -> dt.datetime:
@@ -168,6 +168,7 @@ def ingest_and_stage(settings: Settings, suite: Suite, model_id: str) -> IngestS
         suite,
         settings.home,
         progress=lambda total, n=1: progress.advance(f"ingest {model_id}", total, n),
+        other_suites=other_suite_prompt_ids(settings.reference_dir, suite.version),
     )
     from tasks.lake import Lake
     from tasks.models import require_objects

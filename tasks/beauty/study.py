@@ -233,6 +233,7 @@ def open_study(settings, study_id: str, now: datetime | None = None) -> OpenedSt
     (the only time they exist in clear)."""
     from tasks.beauty.suite import load_beauty_suite
     from tasks.ingest import ingest_model
+    from tasks.suite import other_suite_prompt_ids
     from tasks.panel.blind import BLIND_EXTENSION, blind_image, opaque_id
     from tasks.panel.store import new_token, sha256_hex
     from tasks.work import open_configured_store
@@ -247,7 +248,8 @@ def open_study(settings, study_id: str, now: datetime | None = None) -> OpenedSt
         objects = open_configured_store(settings)
         ingested: dict[str, list[dict]] = {}
         for tool in definition.tools:
-            result = ingest_model(objects, tool, suite, Path(settings.home), now=now)
+            result = ingest_model(objects, tool, suite, Path(settings.home), now=now,
+                                  other_suites=other_suite_prompt_ids(settings.reference_dir, suite.version))
             ingested[tool] = result.images.to_pylist()
         missing = missing_images(ingested)
         if missing:

@@ -568,3 +568,28 @@ def test_path_of_cache_is_relative(tmp_path):
     r = ingest_model(store, "m1", make_suite(), tmp_path / "home", now=NOW)
     p = rows_by_prompt(r.images)["p01"]["image_path"]
     assert not Path(p).is_absolute() and p.startswith("images/")
+
+
+def test_objects_of_another_pinned_suite_are_left_to_its_own_ingest(tmp_path):
+    """A model that renders the Beauty Index prompts beside ImageBench's, under the same
+    models/<id>/: each protocol's ingest takes its own prompts and quarantines nothing of the other's."""
+    from tasks.suite import other_suite_prompt_ids
+
+    repo_reference = Path(__file__).resolve().parents[2] / "reference"
+    others = other_suite_prompt_ids(repo_reference, "imagebench-v1")
+    assert "kitchen-sunday-morning" in others and "tr-menus-labels-01" not in others
+    assert "tr-menus-labels-01" in other_suite_prompt_ids(repo_reference, "beauty-index-v1")
+
+    suite = make_suite()
+    objects, _, _ = mixed_model()
+    store = LocalStore(tmp_path / "objects")
+    seed(store, objects)
+    alone = ingest_model(store, "m1", suite, tmp_path / "home", now=NOW)
+    store.write("models/m1/kitchen-sunday-morning.png", png(seed=123))
+    mixed = ingest_model(store, "m1", suite, tmp_path / "home", now=NOW, other_suites=others)
+    assert mixed.images.equals(alone.images) and mixed.quarantine.equals(alone.quarantine)
+    assert mixed.fingerprint == alone.fingerprint
+    # Without the other suite's ids the same object is this suite's bad input.
+    unaware = ingest_model(store, "m1", suite, tmp_path / "home", now=NOW)
+    flagged = [u for u in unaware.quarantine.column("object_uri").to_pylist() if "kitchen-sunday-morning" in u]
+    assert len(flagged) == 1 and unaware.quarantine.num_rows == alone.quarantine.num_rows + 1
