@@ -102,7 +102,7 @@ def load_networks(inception_weights: str | Path, clip_model: str | Path, hps: An
         inception = load_fid_inception(str(inception_weights), input_size=size)
     except Exception as exc:
         raise ValueError(f"Inception weights {inception_weights}: not a FID InceptionV3 state dict ({exc})") from exc
-    model = CLIPModel.from_pretrained(clip_model).eval()
+    model = CLIPModel.from_pretrained(clip_model, use_safetensors=True).eval()  # never a pickle
     processor = CLIPProcessor.from_pretrained(clip_model)
     tiny_clip = bool(getattr(model.config, _MARKER.replace("-", "_"), False))
     tiny_hps = bool(hps is not None and getattr(hps, "uncalibrated", False))

@@ -1,7 +1,7 @@
 """Headless Chromium through whole judge sessions of the real app (Debian chromium + chromedriver,
 selenium): one judge by keyboard who closes the tab half way and resumes from the link, one by
-mouse who records a memo with Chromium's fake microphone; then the admin page shows exactly the
-answers the store holds. One browser for the module."""
+mouse who records a memo with Chromium's fake microphone; then the admin page and the study's
+report page show exactly the answers the store holds. One browser for the module."""
 
 from __future__ import annotations
 
@@ -64,7 +64,7 @@ def _image_loaded(drv) -> bool:
     return drv.execute_script("var i=document.getElementById('stimulus');return i.complete&&(i.naturalWidth===1024||i.naturalHeight===1024);")
 
 
-def test_two_judges_keyboard_resume_mouse_memo_then_admin(browser, panel_study, panel_server):
+def test_two_judges_keyboard_resume_mouse_memo_then_admin(browser, panel_study, panel_server, prefect_harness, monkeypatch):
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
@@ -131,6 +131,24 @@ def test_two_judges_keyboard_resume_mouse_memo_then_admin(browser, panel_study, 
                                               int(r.find_element(By.CLASS_NAME, "yes").text))
              for r in drv.find_elements(By.CSS_SELECTOR, "tr[data-pair]")}
     assert shown == {f"{p['tool']}/{p['prompt_id']}": (p["answers"], p["yes"]) for p in store.pair_counts()}
+
+    # ... and so does the report: the study is analysed by its real flow and its page read back.
+    from flows.beauty import study_analyze_flow
+    from tasks.report.study import build_study_pages
+
+    settings = panel_study.settings
+    for key, value in {"IMAGEBENCH_HOME": str(settings.home), "IMAGEBENCH_STORE": str(settings.store),
+                       "IMAGEBENCH_REFERENCE_DIR": str(settings.reference_dir)}.items():
+        monkeypatch.setenv(key, value)
+    study_analyze_flow(panel_study.study_id, mixed_resamples=2)
+    out = settings.home / "report-check"
+    build_study_pages(settings, out)
+    drv.get((out / "studies" / f"{panel_study.study_id}.html").as_uri())
+    cells = drv.find_elements(By.CSS_SELECTOR, "#heatmap g.cell[data-value]")  # % yes per (tool, prompt)
+    rates = sorted((c.get_attribute("data-row"), c.get_attribute("data-value"))
+                   for c in cells if c.get_attribute("data-value") not in ("", "nan", None))
+    expected = sorted((p["tool"], f"{100.0 * p['yes'] / p['answers']:.4f}") for p in store.pair_counts() if p["answers"])
+    assert rates == expected
 
 
 def _rows(store: PanelStore, label: str):
