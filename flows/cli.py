@@ -40,6 +40,11 @@ app.add_typer(study_app, name="study")
 from flows.cli_panel import panel_app  # noqa: E402
 
 app.add_typer(panel_app, name="panel")
+from flows.cli_vab import vab_app  # noqa: E402
+import flows.cli_vab_run  # noqa: E402,F401  (registers vab run|audit|demo-sets onto vab_app)
+import flows.cli_vab_people  # noqa: E402,F401  (registers vab panel open|serve|status|close|analyze|export)
+
+app.add_typer(vab_app, name="vab")
 
 err = Console(stderr=True)
 UNCALIBRATED_BANNER = (

@@ -114,9 +114,16 @@ def run_demo(console: Console) -> None:
     from tasks.report.study import build_study_pages
 
     run_demo_study(settings, console)  # a small Beauty Index study with SIMULATED answers (docs/BEAUTY.md)
+    from tasks.vab.demo_run import run_demo_vab
+
+    run_demo_vab(settings, console)  # a small VAB run over the demo sets of graded degradations (docs/VAB.md)
     reference = work.load_verified_reference(settings, suite, None)
     studies = build_study_pages(settings, settings.home / "report")
-    index = build_report(report_data_from_lake(settings, suite, reference), settings.home / "report", studies=studies)
+    from tasks.report.vab import build_vab_pages
+
+    vab_pages = build_vab_pages(settings, settings.home / "report")
+    index = build_report(report_data_from_lake(settings, suite, reference), settings.home / "report", studies=studies,
+                         vab=vab_pages)
     console.print(f"report: [bold]{index}[/] (sortable leaderboard, Capability-vs-EPS plot, heatmaps, model pages)")
     console.print("Beauty Index demo study ([bold yellow]SIMULATED[/] answers): `imagebench study leaderboard --study "
                   "demo-beauty`, its page report/studies/demo-beauty.html, `imagebench study export --study demo-beauty`")

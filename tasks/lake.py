@@ -33,6 +33,7 @@ import pyarrow.parquet as pq
 
 from schemas.lake import REGISTRY_TABLES, RUN_TABLES, RUNS, TABLES
 from schemas.study import STUDY_TABLES  # partitioned by study_id=<id> (tasks/beauty/tables.py)
+from schemas.vab import VAB_TABLES  # partitioned by sets=<S> (tasks/vab/tables.py)
 from tasks.storage import validate_model_id  # one rule for model ids: ^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$, no '..'
 
 if TYPE_CHECKING:
@@ -57,7 +58,7 @@ DATA_FILE = "data.parquet"
 SCHEMA_DIR = "_schema"  # <lake>/<table>/_schema/data.parquet: typed, zero rows
 PARTITION_PREFIX = "model_id="
 COMPRESSION = "zstd"
-CATALOG_FORMAT = "imagebench-catalog/3"  # /2: model_events view; leaderboard honours retirements; /3: study tables
+CATALOG_FORMAT = "imagebench-catalog/4"  # /2: model_events view; leaderboard honours retirements; /3: study tables; /4: vab tables and views
 
 PROMPTS_SCHEMA = pa.schema(
     [
@@ -97,12 +98,12 @@ class QueryError(LakeError):
 
 def _schema_of(table: str) -> pa.Schema:
     try:
-        for tables in (TABLES, RUN_TABLES, REGISTRY_TABLES, STUDY_TABLES):
+        for tables in (TABLES, RUN_TABLES, REGISTRY_TABLES, STUDY_TABLES, VAB_TABLES):
             if table in tables:
                 return tables[table]
         raise KeyError(table)
     except KeyError:
-        known = sorted(TABLES) + sorted(RUN_TABLES) + sorted(REGISTRY_TABLES) + sorted(STUDY_TABLES)
+        known = sorted(TABLES) + sorted(RUN_TABLES) + sorted(REGISTRY_TABLES) + sorted(STUDY_TABLES) + sorted(VAB_TABLES)
         raise ValueError(f"unknown lake table {table!r}; tables: {known}") from None
 
 
@@ -466,6 +467,37 @@ QUALIFY row_number() OVER (PARTITION BY model_id ORDER BY "at" DESC, event DESC)
 """
 
 
+# VAB (docs/VAB.md): a task is strict right for a judge when all 3 trials (0, 1, 2) are "ok" and
+# right; a missing or invalid trial is wrong. strict_worst is NULL for 2-image tasks, so its mean is
+# over the tasks with a worst label. Same rules as tasks.vab.metrics (tests/vab/test_flow.py).
+VAB_VIEWS_SQL = (
+    """
+CREATE VIEW vab_task_results AS
+SELECT k.sets, j.judge, k.task_id, k.domain, k.n_images,
+    count(DISTINCT CASE WHEN r.state = 'ok' AND r.best = k.best THEN r.trial END) = 3 AS strict_best,
+    CASE WHEN k.worst IS NULL THEN NULL
+         ELSE count(DISTINCT CASE WHEN r.state = 'ok' AND r.worst = k.worst THEN r.trial END) = 3 END AS strict_worst,
+    count(DISTINCT CASE WHEN r.state = 'ok' AND r.best = k.best AND (k.worst IS NULL OR r.worst = k.worst)
+                        THEN r.trial END) = 3 AS strict_both,
+    count(r.trial) AS trials
+FROM vab_tasks k
+JOIN (SELECT DISTINCT sets, judge FROM vab_trials) j ON j.sets = k.sets
+LEFT JOIN vab_trials r ON r.sets = k.sets AND r.judge = j.judge AND r.task_id = k.task_id
+GROUP BY k.sets, j.judge, k.task_id, k.domain, k.n_images, k.best, k.worst
+""",
+    """
+CREATE VIEW vab_leaderboard AS
+SELECT sets, judge,
+    100.0 * avg(CAST(strict_both AS INTEGER)) AS strict_both,
+    100.0 * avg(CAST(strict_best AS INTEGER)) AS strict_best,
+    100.0 * avg(CAST(strict_worst AS INTEGER)) AS strict_worst,
+    count(*) AS tasks
+FROM vab_task_results
+GROUP BY sets, judge
+ORDER BY sets, strict_both DESC, judge
+""",
+)
+
 # Beauty Index studies (docs/BEAUTY.md): one row per (study, tool), the whole panel, best first.
 STUDY_LEADERBOARD_SQL = """
 CREATE VIEW study_leaderboard AS
@@ -528,7 +560,7 @@ def refresh_catalog(
     catalog = Path(catalog_path).resolve()
     catalog.parent.mkdir(parents=True, exist_ok=True)
     lake.root.mkdir(parents=True, exist_ok=True)
-    for table in (*TABLES, *RUN_TABLES, *REGISTRY_TABLES, *STUDY_TABLES):
+    for table in (*TABLES, *RUN_TABLES, *REGISTRY_TABLES, *STUDY_TABLES, *VAB_TABLES):
         lake.ensure_schema_file(table)
     lake.check_files()
 
@@ -537,9 +569,11 @@ def refresh_catalog(
     try:
         con = duckdb.connect(str(tmp))
         try:
-            for table in (*TABLES, *RUN_TABLES, *REGISTRY_TABLES, *STUDY_TABLES):
+            for table in (*TABLES, *RUN_TABLES, *REGISTRY_TABLES, *STUDY_TABLES, *VAB_TABLES):
                 con.execute(_table_view_sql(lake.root, table))
             con.execute(STUDY_LEADERBOARD_SQL)
+            for sql in VAB_VIEWS_SQL:  # strict results per task and judge, and their leaderboard (docs/VAB.md)
+                con.execute(sql)
             rows = suite.rows()
             prompts = pa.Table.from_pylist(
                 [{k: r[k] for k in PROMPTS_SCHEMA.names} for r in rows], schema=PROMPTS_SCHEMA

@@ -503,10 +503,11 @@ def _env() -> Environment:
     return env
 
 
-def build_report(data: ReportData, out_dir: Path, studies: list | tuple = ()) -> Path:
+def build_report(data: ReportData, out_dir: Path, studies: list | tuple = (), vab: list | tuple = ()) -> Path:
     """Write the static site for ``data`` into ``out_dir`` and return the path of ``index.html``.
 
     ``studies``: links to Beauty Index study pages (tasks.report.study) listed on the index.
+    ``vab``: links to VAB set collection pages (tasks.report.vab) listed on the index.
     Rebuilding into the same directory is cheap (thumbnails are content-addressed and reused) and
     leaves no stale model pages or thumbnails behind. Refuses a non-empty directory that is not a
     previous report."""
@@ -584,6 +585,7 @@ def build_report(data: ReportData, out_dir: Path, studies: list | tuple = ()) ->
         charts=[(i, h, Markup(s)) for i, h, s in charts],
         tag_charts=[(i, h, Markup(s)) for i, h, s in tag_charts],
         studies=list(studies),
+        vab=list(vab),
     )
     index = out_dir / "index.html"
     _write_text(index, index_html)

@@ -1,0 +1,410 @@
+"""Judges under test on VAB tasks (issue 10 item 2): VLMs asked for the best and worst image of a
+set, and scalar per-image scorers ranked by argmax / argmin.
+
+Each judge sees one *trial*: the task's images in a shown order (tasks.vab.trials) and answers with
+positions in that shown order (1-based). Mapping back to stored positions is the caller's.
+
+- :class:`VlmSetJudge` goes through the existing judge backends (tasks/judges/): the configured
+  endpoint, its key handling and redaction, its concurrency slot, image checks (sha256, side limit)
+  and its typed errors. The model must end with ``BEST: <n>`` and (3+ images) ``WORST: <n>``
+  lines; an unparsable answer is asked again (``unparsable_retries``), then recorded with state
+  ``unparsable`` and the raw text in ``detail``: counted wrong, never dropped.
+- :class:`ScalarSetJudge` wraps any :class:`ImageScorer` (one score per image, higher = better):
+  best = argmax, worst = argmin; a tie at the top or bottom is state ``tie`` (a failure, reported).
+  Scorers here: :class:`SharpnessScorer` (variance of the Laplacian, dependency-free) and
+  :class:`HPSv3ImageScorer` (imagebench's HPSv3 through tasks.hpsv3.scorer).
+- :class:`AnswerCache` stores every settled answer under a key made of the judge's identity, the
+  question asked and the images' sha256 in shown order: a rerun with the same judge sends nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import functools
+import hashlib
+import json
+import os
+import re
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+# The question (versioned: its sha256 is part of every VLM judge's identity).
+VAB_PROMPT_VERSION = "vab-best-worst-v1"
+_QUESTION_BOTH = (
+    "You are an expert judge of visual aesthetics. The {n} images above (Image 1 to Image {n}) show "
+    "the same subject in the {domain} domain. Judge them on composition, colour and tone, technique "
+    "or light, completion or focus, and expression; do not consider personal taste for the subject, "
+    "the artist's background or the tools used.\n"
+    "Which image is aesthetically the BEST, and which is the WORST? Explain briefly, then end your "
+    "answer with exactly these two lines:\nBEST: <image number>\nWORST: <image number>"
+)
+_QUESTION_BEST = (
+    "You are an expert judge of visual aesthetics. The {n} images above (Image 1 to Image {n}) show "
+    "the same subject in the {domain} domain. Judge them on composition, colour and tone, technique "
+    "or light, completion or focus, and expression; do not consider personal taste for the subject, "
+    "the artist's background or the tools used.\n"
+    "Which image is aesthetically the BEST? Explain briefly, then end your answer with exactly this "
+    "line:\nBEST: <image number>"
+)
+PROMPT_SHA256 = hashlib.sha256((VAB_PROMPT_VERSION + _QUESTION_BOTH + _QUESTION_BEST).encode()).hexdigest()
+
+STATE_OK, STATE_UNPARSABLE, STATE_ERROR, STATE_TIE = "ok", "unparsable", "error", "tie"
+
+
+def question_for(n: int, domain: str) -> str:
+    """The user text for a set of ``n`` images: best and worst for 3+, best only for 2."""
+    text = _QUESTION_BOTH if n >= 3 else _QUESTION_BEST
+    return text.format(n=n, domain=domain.replace("_", " "))
+
+
+# --- one trial -----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class TrialItem:
+    """What a judge is shown in one trial: images in the shown order (paths and sha256)."""
+
+    task_id: str
+    trial: int
+    order: tuple[int, ...]  # stored positions as shown (1-based)
+    image_paths: tuple[str, ...]  # in the shown order
+    image_sha256: tuple[str, ...]  # in the shown order
+    domain: str = "photography"
+
+    @property
+    def n(self) -> int:
+        return len(self.image_paths)
+
+
+@dataclass(frozen=True)
+class TrialAnswer:
+    """A judge's answer in the shown order; None = no valid answer (see ``state``)."""
+
+    best_shown: int | None
+    worst_shown: int | None
+    state: str  # ok | unparsable | error | tie
+    detail: str | None = None
+
+
+# --- parsing -------------------------------------------------------------------------------------
+_MARKDOWN = re.compile(r"[*_`#>]")
+_LINE = re.compile(r"^(best|worst)\s*:\s*(?:image\s*)?\[?(\d+)\]?\s*\.?$", re.IGNORECASE)
+
+
+def parse_best_worst(text: str | None, n: int) -> tuple[int | None, int | None, str | None]:
+    """Read the final ``BEST: <n>`` / ``WORST: <n>`` lines of an answer about ``n`` images.
+
+    Only the last non-empty lines count (2 for 3+ images, in either order; 1 for 2 images, ``BEST``).
+    Returns ``(best, worst, None)`` or ``(None, None, why)``; the numbers must be in 1..n and differ.
+    """
+    if not text or not text.strip():
+        return None, None, "empty answer"
+    lines = [_MARKDOWN.sub("", ln).strip() for ln in text.strip().splitlines()]
+    lines = [ln for ln in lines if ln]
+    need = 2 if n >= 3 else 1
+    found: dict[str, int] = {}
+    for ln in lines[-need:]:
+        m = _LINE.match(ln)
+        if not m:
+            return None, None, f"final line {ln[:80]!r} is not 'BEST: <n>'" + (" / 'WORST: <n>'" if need == 2 else "")
+        key = m.group(1).lower()
+        if key in found:
+            return None, None, f"two {key.upper()} lines"
+        found[key] = int(m.group(2))
+    if "best" not in found or (need == 2 and "worst" not in found):
+        return None, None, "missing " + ("BEST" if "best" not in found else "WORST") + " line"
+    best, worst = found["best"], found.get("worst")
+    for label, v in (("BEST", best), ("WORST", worst)):
+        if v is not None and not 1 <= v <= n:
+            return None, None, f"{label}: {v} is out of range 1..{n}"
+    if worst is not None and worst == best:
+        return None, None, f"BEST and WORST name the same image ({best})"
+    return best, worst, None
+
+
+# --- cache ---------------------------------------------------------------------------------------
+class AnswerCache:
+    """Settled answers (ok, unparsable after retries, tie) on disk, one JSON file per key under
+    ``root``; written atomically (temp file + rename) so parallel trials never see half a file."""
+
+    def __init__(self, root: str | os.PathLike[str] | None) -> None:
+        self.root = Path(root) if root is not None else None
+
+    @staticmethod
+    def key(identity: str, item: TrialItem) -> str:
+        blob = json.dumps([identity, item.n, item.domain, list(item.image_sha256)], separators=(",", ":"))
+        return hashlib.sha256(blob.encode()).hexdigest()
+
+    def _path(self, key: str) -> Path:
+        assert self.root is not None
+        return self.root / key[:2] / f"{key}.json"
+
+    def get(self, key: str) -> TrialAnswer | None:
+        if self.root is None:
+            return None
+        try:
+            return TrialAnswer(**json.loads(self._path(key).read_text()))
+        except (OSError, ValueError, TypeError):
+            return None
+
+    def put(self, key: str, answer: TrialAnswer) -> None:
+        if self.root is None or answer.state == STATE_ERROR:  # errors are not settled: retried next run
+            return
+        path = self._path(key)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.{id(answer)}.tmp")
+        tmp.write_text(json.dumps(asdict(answer)))
+        tmp.replace(path)
+
+
+# --- judges --------------------------------------------------------------------------------------
+class SetJudge(Protocol):
+    name: str
+    kind: str  # "vlm" | "scalar"
+
+    def identity(self) -> str:
+        """Canonical JSON of what the answers depend on (model, endpoint, prompt, sampling / scorer)."""
+
+    def judge(self, items: Sequence[TrialItem]) -> list[TrialAnswer]:
+        """One answer per item, in order; never raises for one item's failure."""
+
+
+def _canonical(obj: Any) -> str:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"))
+
+
+class VlmSetJudge:
+    """A configured judge endpoint (tasks/judges backends) asked for best/worst of a set."""
+
+    kind = "vlm"
+
+    def __init__(self, name: str, endpoint: Any, *, unparsable_retries: int = 1, max_attempts: int | None = None) -> None:
+        from tasks.judges.registry import create_judge
+
+        if endpoint.backend not in ("openai", "transformers"):
+            raise ValueError(f"judge '{name}': backend {endpoint.backend!r} cannot rank image sets (use an openai or transformers VLM)")
+        self.name = name
+        self.endpoint = endpoint
+        self.backend = create_judge(name, endpoint)
+        self.unparsable_retries = unparsable_retries
+        self.max_attempts = max_attempts if max_attempts is not None else 1 + endpoint.max_retries
+        self._down: str | None = None  # set when the judge itself is absent or misconfigured (as the router does)
+
+    def identity(self) -> str:
+        return _canonical({
+            "kind": "vlm", "judge": self.name, "model": self.endpoint.model, "backend": self.endpoint.backend,
+            "endpoint": self.backend.endpoint_label, "prompt": VAB_PROMPT_VERSION, "prompt_sha256": PROMPT_SHA256,
+            "sampling": self.backend.sampling(),
+        })
+
+    # one request -------------------------------------------------------------------------------
+    async def _ask_openai(self, item: TrialItem, text: str) -> str:
+        from tasks.judges.base import JudgeUnavailable, read_image
+        from tasks.judges.openai_compat import redact
+
+        j = self.backend
+        reason = j.unavailable_reason()
+        if reason:
+            raise JudgeUnavailable(reason, retryable=False, judge_down=True)
+        j._ensure_client()
+        async with j._sem:  # the backend's concurrency slot: images are read inside it
+            if self._down is not None:  # went down while this trial waited for the slot
+                raise JudgeUnavailable(self._down, retryable=False)
+            content: list[dict[str, Any]] = []
+            for i, (path, sha) in enumerate(zip(item.image_paths, item.image_sha256, strict=True), 1):
+                img = await asyncio.to_thread(read_image, Path(path), sha, self.name, self.endpoint.max_image_side)
+                url = f"data:{img.mime};base64,{base64.b64encode(img.data).decode('ascii')}"
+                content += [{"type": "text", "text": f"Image {i}:"}, {"type": "image_url", "image_url": {"url": url}}]
+            content.append({"type": "text", "text": text})
+            payload = {
+                "model": self.endpoint.model, "messages": [{"role": "user", "content": content}],
+                "temperature": 0, "max_tokens": self.endpoint.max_tokens, "seed": j.sampling().get("seed"),
+            }
+            resp, _latency = await j._send("/chat/completions", payload)
+        j._check_status(resp)
+        data, answer = j._read_completion(resp)
+        j._check_model(data.get("model"))
+        return redact(answer) or ""
+
+    async def _ask_transformers(self, item: TrialItem, text: str) -> str:
+        from tasks.vab.local_vlm import ask_local_set
+
+        return await asyncio.to_thread(ask_local_set, self.backend, item, text)
+
+    async def _ask_with_retries(self, item: TrialItem, text: str) -> str:
+        from tasks.judges.base import JudgeError, JudgeUnavailable
+
+        ask = self._ask_openai if self.endpoint.backend == "openai" else self._ask_transformers
+        for attempt in range(1, self.max_attempts + 1):
+            if self._down is not None:  # no more requests to a judge that is down: every trial says why
+                raise JudgeUnavailable(self._down, retryable=False)
+            try:
+                return await ask(item, text)
+            except JudgeError as exc:
+                if getattr(exc, "judge_down", False):
+                    self._down = str(exc)
+                if not exc.retryable or attempt == self.max_attempts:
+                    raise
+                wait = getattr(exc, "retry_after_s", None) if isinstance(exc, JudgeUnavailable) else None
+                await asyncio.sleep(min(30.0, wait if wait is not None else 0.5 * 2 ** (attempt - 1)))
+        raise AssertionError("unreachable")
+
+    async def ajudge_one(self, item: TrialItem) -> TrialAnswer:
+        from tasks.judges.base import JudgeError
+
+        text = question_for(item.n, item.domain)
+        why = ""
+        raw = ""
+        for _ in range(1 + self.unparsable_retries):
+            try:
+                raw = await self._ask_with_retries(item, text)
+            except JudgeError as exc:
+                return TrialAnswer(None, None, STATE_ERROR, f"{type(exc).__name__}: {exc}")
+            best, worst, why = parse_best_worst(raw, item.n)
+            if why is None:
+                return TrialAnswer(best, worst, STATE_OK)
+        return TrialAnswer(None, None, STATE_UNPARSABLE, f"{why}; answer ended: {raw.strip()[-200:]!r}")
+
+    def judge(self, items: Sequence[TrialItem]) -> list[TrialAnswer]:
+        async def run() -> list[TrialAnswer]:
+            try:
+                return list(await asyncio.gather(*(self.ajudge_one(it) for it in items)))
+            finally:
+                await self.backend.aclose()
+
+        return asyncio.run(run())
+
+
+class ImageScorer(Protocol):
+    """Any per-image scorer: one float per image path, higher = better."""
+
+    scorer_id: str
+
+    def identity(self) -> dict[str, Any]: ...
+
+    def score_paths(self, paths: Sequence[str]) -> list[float]: ...
+
+
+class SharpnessScorer:
+    """Variance of the Laplacian of the grey image (resized to 256 px on the longer side): a classic
+    focus measure. Blur lowers it; it knows nothing of aesthetics, which is the point of the demo
+    sets (a known ordering a simple scorer must recover through the whole flow)."""
+
+    scorer_id = "sharpness"
+    SIDE = 256
+
+    def identity(self) -> dict[str, Any]:
+        return {"scorer": self.scorer_id, "measure": "var(laplacian(grey))", "side": self.SIDE, "version": 1}
+
+    def score_paths(self, paths: Sequence[str]) -> list[float]:
+        import numpy as np
+        from PIL import Image
+
+        out = []
+        for p in paths:
+            with Image.open(p) as im:
+                g = im.convert("L")
+                g.thumbnail((self.SIDE, self.SIDE))
+                a = np.asarray(g, dtype=np.float64)
+            lap = a[1:-1, :-2] + a[1:-1, 2:] + a[:-2, 1:-1] + a[2:, 1:-1] - 4 * a[1:-1, 1:-1]
+            out.append(round(float(lap.var()), 6))  # rounded: equal images tie exactly, float noise does not decide
+        return out
+
+
+class HPSv3ImageScorer:
+    """imagebench's HPSv3 (tasks.hpsv3.scorer), prompted with the task's domain (VAB has no prompt)."""
+
+    scorer_id = "hpsv3"
+
+    def __init__(self, base_model: str, checkpoint: str, *, uncalibrated: bool = False, prompt: str = "a beautiful image") -> None:
+        self.base_model, self.checkpoint, self.uncalibrated, self.prompt = base_model, checkpoint, uncalibrated, prompt
+        self._scorer: Any = None
+
+    def identity(self) -> dict[str, Any]:
+        from tasks.hpsv3.scorer import resolve_identity
+
+        ident = resolve_identity(self.base_model, self.checkpoint, self.uncalibrated)
+        return {"scorer": "hpsv3", "identity": ident.model_dump(mode="json"), "prompt": self.prompt}
+
+    def score_paths(self, paths: Sequence[str]) -> list[float]:
+        if self._scorer is None:
+            self._scorer = _loaded_hpsv3(self.base_model, self.checkpoint, self.uncalibrated)
+        out = self._scorer.score([str(p) for p in paths], [self.prompt] * len(paths))  # [N, 2]: mu, sigma
+        return [round(float(mu), 6) for mu in out[:, 0]]
+
+
+@functools.lru_cache(maxsize=1)
+def _loaded_hpsv3(base_model: str, checkpoint: str, uncalibrated: bool) -> Any:
+    """One loaded HPSv3 per process: every VAB run of a process (the demo runs two) reuses it."""
+    from tasks.hpsv3.scorer import HPSv3Scorer
+
+    return HPSv3Scorer.load(base_model, checkpoint, uncalibrated=uncalibrated)
+
+
+def rank_scores(scores: Sequence[float], want_worst: bool) -> TrialAnswer:
+    """best = argmax, worst = argmin (1-based, shown order); a tie for either is a failure."""
+    top, bottom = max(scores), min(scores)
+    tops = [i + 1 for i, s in enumerate(scores) if s == top]
+    bottoms = [i + 1 for i, s in enumerate(scores) if s == bottom]
+    detail = "scores " + " ".join(f"{s:g}" for s in scores)
+    if len(tops) > 1 or (want_worst and len(bottoms) > 1):
+        which = "best" if len(tops) > 1 else "worst"
+        return TrialAnswer(None, None, STATE_TIE, f"tie for {which} at positions {tops if len(tops) > 1 else bottoms}; {detail}")
+    return TrialAnswer(tops[0], bottoms[0] if want_worst else None, STATE_OK, detail)
+
+
+class ScalarSetJudge:
+    kind = "scalar"
+
+    def __init__(self, scorer: ImageScorer, name: str | None = None) -> None:
+        self.scorer = scorer
+        self.name = name or scorer.scorer_id
+
+    def identity(self) -> str:
+        return _canonical({"kind": "scalar", "judge": self.name, **self.scorer.identity()})
+
+    def judge(self, items: Sequence[TrialItem]) -> list[TrialAnswer]:
+        # Same input check as the VLM judges: an image must be the one hashed at import.
+        bad: dict[str, str] = {}
+        for it in items:
+            for p, sha in zip(it.image_paths, it.image_sha256, strict=True):
+                if sha and p not in bad and _file_sha256(p) != sha:
+                    bad[p] = f"image {p} does not have the recorded sha256 {sha[:12]}...: it changed since import"
+        # Each distinct image is scored once; trials only reorder them.
+        paths = sorted({p for it in items for p in it.image_paths} - set(bad))
+        try:
+            scores = dict(zip(paths, self.scorer.score_paths(paths), strict=True)) if paths else {}
+        except Exception as exc:  # noqa: BLE001 - recorded per trial, the run goes on
+            return [TrialAnswer(None, None, STATE_ERROR, f"{type(exc).__name__}: {exc}") for _ in items]
+        out = []
+        for it in items:
+            why = next((bad[p] for p in it.image_paths if p in bad), None)
+            out.append(TrialAnswer(None, None, STATE_ERROR, why) if why else rank_scores([scores[p] for p in it.image_paths], it.n >= 3))
+        return out
+
+
+@functools.lru_cache(maxsize=4096)
+def _file_sha256_cached(path: str, size: int, mtime_ns: int) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def _file_sha256(path: str) -> str | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return _file_sha256_cached(str(path), st.st_size, st.st_mtime_ns)
+
+
+def judge_with_cache(judge: SetJudge, items: Sequence[TrialItem], cache: AnswerCache) -> tuple[list[TrialAnswer], int]:
+    """Answers for ``items`` (cached ones read, the rest asked and stored); returns (answers, cache hits)."""
+    ident = judge.identity()
+    keys = [AnswerCache.key(ident, it) for it in items]
+    answers: list[TrialAnswer | None] = [cache.get(k) for k in keys]
+    todo = [i for i, a in enumerate(answers) if a is None]
+    if todo:
+        for i, a in zip(todo, judge.judge([items[i] for i in todo]), strict=True):
+            answers[i] = a
+            cache.put(keys[i], a)
+    return [a for a in answers if a is not None], len(items) - len(todo)
