@@ -21,7 +21,7 @@ vab_app = typer.Typer(help="Visual Aesthetic Benchmark: sets, judges' answers, s
 SETS_OPT = typer.Option("--sets", help="the set collection's name (imagebench vab import-sets ... --name S)")
 LEADERBOARD_JSON_COLUMNS = ("judge", "judge_kind", "strict_best", "strict_worst", "strict_both", "strict_both_lo",
                             "strict_both_hi", "single_best", "single_worst", "single_both", "tasks", "invalid_trials",
-                            "missing_trials")
+                            "missing_trials", "audit")
 
 
 class Breakdown(str, Enum):
@@ -127,9 +127,15 @@ def vab_leaderboard(
     with cli._user_errors(log=False):
         from tasks.vab.metrics import random_baselines, strict_metrics
 
+        from tasks.vab.audit import audit_path, read_audit
+
         tasks, trials = _load(cli, sets)
         metrics = sorted(strict_metrics(tasks, trials).values(), key=lambda m: (-(m["strict_both"] or 0), m["judge"]))
         table = fmt is OutputFormat.table
+        # Each of our own judges links to its audit (`imagebench vab audit`): per category, with intervals.
+        settings = cli._settings()
+        audited = {r["judge"] for r in (read_audit(settings, sets) or {}).get("rows", [])}
+        audit_of = {j: str(audit_path(settings, sets)) for j in audited}
         if by is Breakdown.judge:
             columns = list(LEADERBOARD_JSON_COLUMNS)
             rows = []
@@ -137,11 +143,13 @@ def vab_leaderboard(
                 lo, hi = m["strict_both_ci"] or (None, None)
                 rows.append([m["judge"], m["judge_kind"], m["strict_best"], m["strict_worst"], m["strict_both"], lo, hi,
                              m["single_best"], m["single_worst"], m["single_both"], m["tasks"],
-                             sum(m["invalid_trials"].values()), m["missing_trials"]])
+                             sum(m["invalid_trials"].values()), m["missing_trials"], audit_of.get(m["judge"])])
             if table:
-                columns = ["judge", "kind", "strict both [95% CI]", "strict best", "strict worst", "single both", "tasks", "invalid", "missing"]
+                columns = ["judge", "kind", "strict both [95% CI]", "strict best", "strict worst", "single both", "tasks", "invalid",
+                           "missing", "audit"]
                 rows = [[r[0], r[1], f"{r[4]:.1f} [{r[5]:.1f}, {r[6]:.1f}]", f"{r[2]:.1f}",
-                         "" if r[3] is None else f"{r[3]:.1f}", f"{r[9]:.1f}", r[10], r[11], r[12]] for r in rows]
+                         "" if r[3] is None else f"{r[3]:.1f}", f"{r[9]:.1f}", r[10], r[11], r[12],
+                         "yes" if r[13] else ""] for r in rows]
         elif by is Breakdown.position:
             columns = ["judge", "set_size", "slot", "picked_best", "rate", "uniform", "p_value"]
             rows = [[m["judge"], n, k + 1, c, _r1(d["rates"][k]), _r1(d["uniform"]), d["p_value"]]

@@ -213,6 +213,11 @@ def test_audit_per_category_with_intervals_and_the_report_page_links_it(ran) -> 
     assert 'data-label="sharpness" data-value="100.0000"' in html
     assert '<a href="#audit-right">audit</a>' in html and 'id="audit-right"' in html
     assert 'href="#audit-sharpness"' not in html  # not audited: no link
+    # The command-line leaderboard links the same judges to the audit file.
+    board = _cli("vab", "leaderboard", "--sets", SETS, "--format", "json")
+    assert board.exit_code == 0, board.output
+    linked = {r["judge"]: r["audit"] for r in json.loads(board.stdout)}
+    assert linked["right"] and linked["right"].endswith(f"{SETS}.json") and linked["sharpness"] is None
 
 
 def test_vab_run_names_a_bad_judge_or_collection_before_any_flow(ran) -> None:
