@@ -34,7 +34,7 @@ __all__ = [
 EXPECTATIONS_DIR = Path(__file__).resolve().parent.parent / "expectations"
 SUITE_NAMES = ("images", "quarantine", "hps_scores", "model_scores", "judge_calls", "verdicts", "eps_reference", "runs",
                "study_answers", "study_rates", "study_index", "study_hypotheses", "study_pixel_metrics",  # docs/BEAUTY.md
-               "vab_trials")  # docs/VAB.md
+               "vab_tasks", "vab_trials")  # docs/VAB.md
 SAMPLE = 5  # unexpected values shown per failed expectation
 
 # Quiet GX before it is imported: no usage analytics, no network.

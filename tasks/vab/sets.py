@@ -183,6 +183,9 @@ def store_sets(settings: Any, name: str, raws: Sequence[RawTask], source: str, s
                              f"{old.get('tasks')} tasks): import under a new --name")
         write_partition(Lake(settings.lake_dir), "vab_tasks", name, _lake_rows(name, tasks))  # heal a lost lake
         return ImportResult(name, len(tasks), problems, True, pdir)
+    from tasks.validation import require_valid
+
+    require_valid("vab_tasks", _lake_rows(name, tasks))  # before anything is cached, pinned or written
     for s, (fmt, data) in blobs.items():
         cache_image(home, s, fmt, data)
     pdir.mkdir(parents=True, exist_ok=True)

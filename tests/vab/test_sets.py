@@ -240,3 +240,25 @@ def test_sets_built_from_the_lake(settings, src, tmp_path):
     assert res.tasks == 1 and (task.task_id, task.best, task.worst, task.substyle) == (p1, 2, 3, "Text Rendering")
     b_image = lake.read("images", ["m-b"]).to_pylist()[0]
     assert task.image_sha256[0] == b_image["image_sha256"]
+
+
+def test_the_vab_tasks_suite_is_a_second_guard_before_anything_is_written():
+    """Great Expectations on vab_tasks (expectations/vab_tasks.json), run before a collection is
+    pinned: what VabTask already refuses is refused again at the table."""
+    import pyarrow as pa
+
+    from schemas.vab import VAB_TASKS
+    from tasks.validation import ValidationFailed, require_valid
+
+    def row(task_id, n=3, best=1, worst=2, domain="photography"):
+        return {"sets": "s", "task_id": task_id, "domain": domain, "substyle": None, "n_images": n,
+                "image_uris": [f"i{k}" for k in range(n)], "image_sha256": [f"{k:064x}" for k in range(n)],
+                "best": best, "worst": worst}
+
+    require_valid("vab_tasks", pa.Table.from_pylist([row("a"), row("b", n=2, worst=None)], schema=VAB_TASKS))
+    bad = pa.Table.from_pylist([row("a"), row("a"), row("c", n=7, best=7), row("d", domain="sculpture")], schema=VAB_TASKS)
+    with pytest.raises(ValidationFailed) as info:
+        require_valid("vab_tasks", bad)
+    text = str(info.value)
+    for what in ("expect_compound_columns_to_be_unique", "n_images", "best", "domain"):
+        assert what in text, (what, text)
