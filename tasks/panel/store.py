@@ -40,7 +40,7 @@ from sqlalchemy import (
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError, OperationalError
 
-from schemas.study import STUDY_ANSWERS
+from schemas.study import STUDY_ANSWERS, salted_judge_id
 
 PANEL_DB_NAME = "panel.sqlite"
 PANEL_DATABASE_ENV = "IMAGEBENCH_PANEL_DATABASE"
@@ -168,12 +168,28 @@ class NextItem:
     shown_at: int
 
 
-class PanelStore:
-    """One study's rows in a panel database. Open with :meth:`open`."""
+class SqlStore:
+    """One study's rows in a panel database (the Beauty Index's and VAB's share the mechanics):
+    an engine from :func:`open_engine` and write transactions that name a failure."""
 
     def __init__(self, engine: Engine, study_id: str):
         self.engine = engine
         self.study_id = study_id
+
+    def dispose(self) -> None:
+        self.engine.dispose()
+
+    @contextmanager
+    def _tx(self) -> Iterator:
+        try:
+            with self.engine.begin() as conn:
+                yield conn
+        except OperationalError as exc:  # locked past the busy timeout, disk full, server gone
+            raise StoreUnavailable(f"the panel database could not record this ({exc.orig}); nothing was saved, try again") from exc
+
+
+class PanelStore(SqlStore):
+    """One study's rows in a panel database. Open with :meth:`open`."""
 
     # ---- opening ----------------------------------------------------------------------------
     @classmethod
@@ -191,23 +207,7 @@ class PanelStore:
             folder = Path(text)
             study_id = study_id or folder.name
             url = database or os.environ.get(PANEL_DATABASE_ENV) or f"sqlite:///{folder / PANEL_DB_NAME}"
-        engine = make_engine(url, busy_timeout_s)
-        try:
-            metadata.create_all(engine)
-        except OperationalError as exc:
-            raise StoreUnavailable(f"panel database {engine.url.render_as_string(hide_password=True)}: {exc.orig}") from exc
-        return cls(engine, study_id)
-
-    def dispose(self) -> None:
-        self.engine.dispose()
-
-    @contextmanager
-    def _tx(self) -> Iterator:
-        try:
-            with self.engine.begin() as conn:
-                yield conn
-        except OperationalError as exc:  # locked past the busy timeout, disk full, server gone
-            raise StoreUnavailable(f"the panel database could not record this ({exc.orig}); nothing was saved, try again") from exc
+        return cls(open_engine(url, metadata, busy_timeout_s), study_id)
 
     # ---- study lifecycle ------------------------------------------------------------------
     def exists(self) -> bool:
@@ -413,11 +413,21 @@ class PanelStore:
                                     answers.c.answered_at, answers.c.memo_id)
                              .select_from(j).where(answers.c.study_id == sid)
                              .order_by(answers.c.label, answers.c.position)).all()
-        out = [{"study_id": sid, "judge_id": hashlib.sha256((salt + r.label).encode()).hexdigest(),
+        out = [{"study_id": sid, "judge_id": salted_judge_id(salt, r.label),
                 "panel_group": r.panel_group, "tool": r.tool, "prompt_id": r.prompt_id, "image_id": r.image_id,
                 "position": r.position, "answer": bool(r.answer), "shown_at": from_us(r.shown_at),
                 "answered_at": from_us(r.answered_at), "memo": r.memo_id is not None, "source": "panel"} for r in rows]
         return pa.Table.from_pylist(out, schema=STUDY_ANSWERS)
+
+
+def open_engine(url: str, tables: MetaData, busy_timeout_s: float = 10.0) -> Engine:
+    """:func:`make_engine` with ``tables`` created; a database that cannot take them is StoreUnavailable."""
+    engine = make_engine(url, busy_timeout_s)
+    try:
+        tables.create_all(engine)
+    except OperationalError as exc:
+        raise StoreUnavailable(f"panel database {engine.url.render_as_string(hide_password=True)}: {exc.orig}") from exc
+    return engine
 
 
 def make_engine(url: str, busy_timeout_s: float = 10.0) -> Engine:

@@ -15,24 +15,23 @@ from __future__ import annotations
 import hashlib
 import os
 import secrets
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
 from sqlalchemy import BigInteger, Column, Integer, MetaData, String, Table, func, select
-from sqlalchemy.exc import IntegrityError, OperationalError
+from sqlalchemy.exc import IntegrityError
 
 from tasks.panel.store import (
     PANEL_DATABASE_ENV,
     NotInQueue,
     OutOfOrder,
     PanelError,
-    StoreUnavailable,
     StudyClosed,
     from_us,
-    make_engine,
+    SqlStore,
+    open_engine,
     new_token,
     now_us,
     sha256_hex,
@@ -129,34 +128,14 @@ def parse_order(text: str) -> tuple[int, ...]:
     return tuple(int(x) for x in text.split())
 
 
-class VabPanelStore:
+class VabPanelStore(SqlStore):
     """One VAB study's rows in a panel database."""
-
-    def __init__(self, engine, study_id: str):
-        self.engine = engine
-        self.study_id = study_id
 
     @classmethod
     def open(cls, study_dir: str | os.PathLike[str], study_id: str, database: str | None = None,
              busy_timeout_s: float = 10.0) -> "VabPanelStore":
         url = database or os.environ.get(PANEL_DATABASE_ENV) or f"sqlite:///{Path(study_dir) / VAB_PANEL_DB_NAME}"
-        engine = make_engine(url, busy_timeout_s)
-        try:
-            metadata.create_all(engine)
-        except OperationalError as exc:
-            raise StoreUnavailable(f"panel database {engine.url.render_as_string(hide_password=True)}: {exc.orig}") from exc
-        return cls(engine, study_id)
-
-    def dispose(self) -> None:
-        self.engine.dispose()
-
-    @contextmanager
-    def _tx(self) -> Iterator:
-        try:
-            with self.engine.begin() as conn:
-                yield conn
-        except OperationalError as exc:
-            raise StoreUnavailable(f"the panel database could not record this ({exc.orig}); nothing was saved, try again") from exc
+        return cls(open_engine(url, metadata, busy_timeout_s), study_id)
 
     # ---- lifecycle ------------------------------------------------------------------------------
     def create_study(self, *, sets: str, order_seed: int, admin_token_sha256: str, opened_at: datetime,
