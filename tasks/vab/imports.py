@@ -10,7 +10,6 @@ so they are scored exactly like our own runs. Light: no torch, Prefect or GX.
 
 from __future__ import annotations
 
-import csv
 import json
 import re
 from datetime import datetime, timezone
@@ -21,7 +20,7 @@ import pyarrow as pa
 
 from schemas.vab import TRIALS, VAB_TRIALS
 from tasks.vab.sets import load_sets
-from tasks.vab.tables import check_set_name, replace_judge_trials
+from tasks.vab.tables import check_set_name, read_csv_with_header, replace_judge_trials
 from tasks.vab.trials import check_order, map_back
 
 COLUMNS = ("task_id", "trial", "order", "best", "worst")
@@ -46,14 +45,7 @@ def _int_or_none(text: str, what: str) -> int | None:
 def parse_answers(file: Path, tasks_by_id: dict[str, Any], sets: str, judge: str) -> list[dict]:
     """VAB_TRIALS rows of the file (validated whole; raises ValueError listing every bad row)."""
     file = Path(file)
-    try:
-        text = file.read_text(encoding="utf-8-sig")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ValueError(f"{file}: cannot read: {exc}") from None
-    reader = csv.DictReader(text.splitlines())
-    header = [h.strip() for h in (reader.fieldnames or [])]
-    if header != list(COLUMNS):
-        raise ValueError(f"{file}: the header must be {','.join(COLUMNS)}, got {','.join(header) or '(empty file)'}")
+    reader = read_csv_with_header(file, COLUMNS)
     now = datetime.now(timezone.utc)
     rows, problems, seen = [], [], {}
     for line, rec in enumerate(reader, 2):

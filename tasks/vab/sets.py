@@ -33,7 +33,7 @@ from pydantic import ValidationError
 from schemas.vab import DOMAINS, MAX_IMAGES, MIN_IMAGES, VabTask
 from tasks.ingest import DEFAULT_LIMITS, ImageLimits, Rejected, cache_image, cache_relpath, inspect_image
 from tasks.storage import atomic_write
-from tasks.vab.tables import check_set_name, write_partition
+from tasks.vab.tables import check_set_name, read_csv_with_header, write_partition
 
 PIN_DIR = "vab/sets"
 TASKS_FILE = "tasks.jsonl"
@@ -346,21 +346,12 @@ def read_lake_labels(settings: Any, file: Path, problems: dict[str, str] | None 
     Each image is the model's ``ok`` image of that prompt in the lake's ``images`` table (its
     content-addressed copy). The task id is the prompt id; the substyle is the prompt's category.
     Bad rows raise :class:`BadSets`, or are added to ``problems`` when it is given."""
-    import csv
-
     from tasks.lake import Lake
     from tasks.storage import InvalidModelId, validate_model_id
     from tasks.work import load_pinned_suite
 
     file = Path(file)
-    try:
-        text = file.read_text(encoding="utf-8-sig")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ValueError(f"{file}: cannot read: {exc}") from None
-    reader = csv.DictReader(text.splitlines())
-    header = [h.strip() for h in (reader.fieldnames or [])]
-    if header != list(LAKE_LABEL_COLUMNS):
-        raise ValueError(f"{file}: the header must be {','.join(LAKE_LABEL_COLUMNS)}, got {','.join(header) or '(empty file)'}")
+    reader = read_csv_with_header(file, LAKE_LABEL_COLUMNS)
     prompts = load_pinned_suite(settings).by_id
     recs = list(reader)
     wanted: set[str] = set()

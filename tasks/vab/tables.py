@@ -93,3 +93,20 @@ def collections_in_lake(lake: Lake, table: str = "vab_tasks") -> list[str]:
     return sorted(e.name[len(SETS_PARTITION_PREFIX):] for e in tdir.iterdir()
                   if e.name.startswith(SETS_PARTITION_PREFIX) and (e / DATA_FILE).is_file())
 
+
+def read_csv_with_header(file: Path, columns: tuple[str, ...]):
+    """Rows of a CSV file whose header must be exactly ``columns`` (a BOM is allowed); an
+    unreadable file or another header is a ValueError naming the file."""
+    import csv
+
+    file = Path(file)
+    try:
+        text = file.read_text(encoding="utf-8-sig")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{file}: cannot read: {exc}") from None
+    reader = csv.DictReader(text.splitlines())
+    header = [h.strip() for h in (reader.fieldnames or [])]
+    if header != list(columns):
+        raise ValueError(f"{file}: the header must be {','.join(columns)}, got {','.join(header) or '(empty file)'}")
+    return reader
+
