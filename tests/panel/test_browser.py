@@ -5,41 +5,21 @@ report page show exactly the answers the store holds. One browser for the module
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 
 import pytest
 
 from tasks.panel.store import PanelStore
-from tests.tasks.report_helpers.browser import find_browser
+from tests.tasks.report_helpers.browser import chromium_driver, find_browser
 
 FOUND = find_browser()
 pytestmark = pytest.mark.skipif(isinstance(FOUND, str), reason=FOUND if isinstance(FOUND, str) else "")
-FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage",
-         "--use-fake-ui-for-media-stream", "--use-fake-device-for-media-stream")
 
 
 @pytest.fixture(scope="module")
 def browser():
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    chromium, driver_path = FOUND
-    profile = tempfile.mkdtemp(prefix="panel-chromium-")
-    opts = webdriver.ChromeOptions()
-    opts.binary_location = chromium
-    for flag in FLAGS:
-        opts.add_argument(flag)
-    opts.add_argument(f"--user-data-dir={profile}")
-    opts.add_argument("--window-size=1200,900")
-    drv = webdriver.Chrome(service=Service(driver_path), options=opts)
-    drv.set_page_load_timeout(30)
-    try:
+    fake_microphone = ("--use-fake-ui-for-media-stream", "--use-fake-device-for-media-stream")
+    with chromium_driver(1200, 900, extra_flags=fake_microphone, page_load_timeout_s=30) as drv:
         yield drv
-    finally:
-        drv.quit()
-        shutil.rmtree(profile, ignore_errors=True)
 
 
 def _position(drv) -> int:

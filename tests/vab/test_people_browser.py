@@ -7,9 +7,7 @@ lake's vab_trials as human judges, and the analysis gives the hand-known numbers
 from __future__ import annotations
 
 import io
-import shutil
 import socket
-import tempfile
 import threading
 import time
 
@@ -17,12 +15,10 @@ import pytest
 from PIL import Image
 
 from schemas.vab import VabTask
-from tests.tasks.report_helpers.browser import find_browser
+from tests.tasks.report_helpers.browser import chromium_driver, find_browser
 
 FOUND = find_browser()
 pytestmark = pytest.mark.skipif(isinstance(FOUND, str), reason=FOUND if isinstance(FOUND, str) else "")
-FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage")
 
 TASKS = [VabTask(task_id="photo-017", domain="photography", images=["a.png", "b.png", "c.png"], best=1, worst=3),
          VabTask(task_id="art-003", domain="fine_art", images=["d.png", "e.png"], best=2),
@@ -45,24 +41,8 @@ def _png(seed: int) -> bytes:
 
 @pytest.fixture(scope="module")
 def browser():
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    chromium, driver_path = FOUND
-    profile = tempfile.mkdtemp(prefix="vab-chromium-")
-    opts = webdriver.ChromeOptions()
-    opts.binary_location = chromium
-    for flag in FLAGS:
-        opts.add_argument(flag)
-    opts.add_argument(f"--user-data-dir={profile}")
-    opts.add_argument("--window-size=1400,1000")
-    drv = webdriver.Chrome(service=Service(driver_path), options=opts)
-    drv.set_page_load_timeout(30)
-    try:
+    with chromium_driver(1400, 1000, extra_flags=(), page_load_timeout_s=30) as drv:
         yield drv
-    finally:
-        drv.quit()
-        shutil.rmtree(profile, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")

@@ -77,7 +77,8 @@ def serve_dir(root: Path) -> Iterator[str]:
 
 
 @contextmanager
-def chromium_driver(width: int = 1400, height: int = 1000) -> Iterator[object]:
+def chromium_driver(width: int = 1400, height: int = 1000, extra_flags: tuple[str, ...] = (),
+                    page_load_timeout_s: float = 20) -> Iterator[object]:
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
 
@@ -89,14 +90,14 @@ def chromium_driver(width: int = 1400, height: int = 1000) -> Iterator[object]:
     profile = tempfile.mkdtemp(prefix="imagebench-chromium-")
     opts = webdriver.ChromeOptions()
     opts.binary_location = chromium
-    for flag in CHROMIUM_FLAGS:
+    for flag in (*CHROMIUM_FLAGS, *extra_flags):
         opts.add_argument(flag)
     opts.add_argument(f"--user-data-dir={profile}")
     opts.add_argument(f"--window-size={width},{height}")
     opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})
     driver = webdriver.Chrome(service=Service(executable_path=driver_path), options=opts)
     try:
-        driver.set_page_load_timeout(20)
+        driver.set_page_load_timeout(page_load_timeout_s)
         yield driver
     finally:
         driver.quit()
