@@ -74,6 +74,7 @@ def build_reference_workspace(root: Path, tiny: TinyModel, log, baseline: tuple[
         scorer=identity,
         reference_dir=settings.reference_dir,
         created_at=work.utcnow().isoformat(),
+        **({"golden": work.golden_for_reference(settings, spec)} if hasattr(work, "golden_for_reference") else {}),  # the canary's
     )
     log(f"reference {REFERENCE_VERSION} built from {len(baseline)} baseline models in {time.perf_counter() - t0:.1f}s")
     return ws

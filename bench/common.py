@@ -212,6 +212,12 @@ class Workspace:
             for src in [SUITE_FILE, *sorted(SUITE_FILE.parent.glob("judges-routing-v*.yaml"))]:
                 shutil.copyfile(src, ws.refdir / src.name)
                 pin_suite(ws.refdir, ws.refdir / src.name)
+            try:
+                from tasks.golden import copy_golden_set  # since issue 8: a new reference stores the golden mu
+            except ImportError:  # an older source tree (--src) without the canary
+                copy_golden_set = None
+            if copy_golden_set is not None:
+                copy_golden_set(SUITE_FILE.parent, ws.refdir)
         return ws
 
     def env(self) -> dict[str, str]:

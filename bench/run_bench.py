@@ -41,6 +41,7 @@ SECTIONS = {
     "b": "(b) End-to-end: `imagebench score` vs a one-image-at-a-time loop",
     "c": "(c) Peak memory: 10x more images",
     "e": "(e) Nightly overhead with many models: time outside inference per image, Prefect tasks per run",
+    "f": "(f) Start-up: the fixed cost of `imagebench score`, before and after the warm server",
 }
 NIGHTLY_SVG = "nightly-overhead.svg"  # (e)'s plot, written next to the results file
 _T0 = time.perf_counter()
@@ -151,11 +152,14 @@ def section(key: str, body: list[str], stamp: str, summary: str) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="fewer images and repeats (< ~3 min on 2 cores)")
-    ap.add_argument("--only", default="a,b,c,e", help="comma-separated subset of a,b,c,e (default: all)")
+    ap.add_argument("--only", default="a,b,c,e,f", help="comma-separated subset of the sections (default: all)")
     ap.add_argument("--results", type=Path, default=BENCH / "RESULTS.md", help="markdown file to update")
     ap.add_argument("--no-write", action="store_true", help="print the results, do not update the file")
     ap.add_argument("--work", type=Path, default=BENCH / "_work" / "run", help="scratch directory (wiped)")
     ap.add_argument("--keep", action="store_true", help="keep the scratch directory afterwards")
+    ap.add_argument("--baseline-src", type=Path, default=None,
+                    help="source tree of the baseline commit for the before/after sections (f): "
+                    "`git archive 48e4bca | tar -x -C /tmp/base`")
     ap.add_argument("--src", type=Path, default=None,
                     help="imagebench source tree to benchmark (default: this checkout); e.g. "
                     "`git archive HEAD | tar -x -C /tmp/ib` while the working tree is mid-edit")
@@ -188,10 +192,10 @@ def main(argv: list[str] | None = None) -> int:
     raw: dict = {"mode": mode, "machine": info, "command": exact}
     tiny = ref_ws = None
     try:
-        if "b" in only or "c" in only or "e" in only:
+        if "b" in only or "c" in only or "e" in only or "f" in only:
             tiny = TinyModel.write(args.work)
             log("tiny HPSv3 model written")
-        if "b" in only or "e" in only or ("c" in only and not args.quick):
+        if "b" in only or "e" in only or "f" in only or ("c" in only and not args.quick):
             from bench_e2e import build_reference_workspace
 
             baseline = ("base-a",) if args.quick else ("base-a", "base-b")
@@ -258,6 +262,19 @@ def main(argv: list[str] | None = None) -> int:
                 plot = os.path.relpath(svg, args.results.parent)
             sections["e"] = section("e", bench_nightly.markdown(res, plot) + _e_notes(res), stamp, summary)
             log(f"(e) done in {res['duration_s']:.0f}s: overhead per image ratio {res['ratio']:.2f}x")
+        if "f" in only:
+            import bench_startup
+
+            t = time.perf_counter()
+            res = bench_startup.run(args.work, args.quick, log, tiny, ref_ws, args.baseline_src)
+            raw["f"] = res
+            base = "before" if "before" in res["modes"] else "cold"
+            w, c = res["modes"]["warm"], res["modes"]["cold"]
+            summary = (f"| (f) fixed cost of `imagebench score` (tiny model), now / {base} | warm server **{w['fixed_ratio']:.2f}x** "
+                       f"({res['modes'][base]['fixed_s']:.1f} -> {w['fixed_s']:.1f} s); cold {c['fixed_ratio']:.2f}x "
+                       f"| <= 0.25 | {info['date (UTC)'][:10]}, {mode} |")
+            sections["f"] = section("f", bench_startup.markdown(res), stamp, summary)
+            log(f"(f) done in {time.perf_counter() - t:.0f}s")
     finally:
         if not args.keep:
             shutil.rmtree(args.work, ignore_errors=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 
@@ -29,7 +30,19 @@ def prepare_prefect_env(home: Path) -> None:
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "90")
     os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    if not os.environ.get("PREFECT_API_URL"):
+    if "prefect.context" in sys.modules:
+        # Prefect read its settings when it was imported, before these defaults (a warm server's
+        # child, flows/warm.py, or a library caller): read them again, as a cold command would.
+        from prefect.context import refresh_global_settings_context
+
+        refresh_global_settings_context()
+    from flows import warm
+
+    if warm.use_warm_prefect_api():  # a warm server's child: the API it keeps for this home
+        from prefect.context import refresh_global_settings_context
+
+        refresh_global_settings_context()
+    elif not os.environ.get("PREFECT_API_URL"):
         # Embedded mode: the ephemeral API server this process may start must not outlive it.
         from flows.ephemeral import guard_ephemeral_server
 

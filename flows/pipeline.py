@@ -127,8 +127,11 @@ def ensure_gpu_limit(limit: int) -> None:
     """
     from prefect.settings import get_current_settings
 
+    from flows.warm import embedded_api_url
+
     with get_client(sync_client=True) as client:
-        if get_current_settings().api.url:
+        url = get_current_settings().api.url
+        if url and url != embedded_api_url():  # the warm server's API is an embedded one too
             client.create_concurrency_limit(tag=GPU_TAG, concurrency_limit=limit)
             return
         try:

@@ -40,6 +40,10 @@ def isolate_aws_env(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
     monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
 
 
+# Every command the tests spawn runs cold: a warm server (flows/warm.py) per test workspace would
+# outlive its test. The tests of the warm server turn it on themselves.
+os.environ["IMAGEBENCH_WARM"] = "off"
+
 @pytest.fixture(scope="session")
 def prefect_harness():
     """One Prefect test server for the whole session (tests/flows and tests/beauty share it)."""

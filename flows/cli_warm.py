@@ -1,0 +1,50 @@
+"""`imagebench warm status|stop`: the warm servers of this user (flows/warm.py)."""
+
+from __future__ import annotations
+
+import os
+from typing import Annotated
+
+import typer
+
+warm_app = typer.Typer(help="The warm server that runs heavy commands without paying imports each time.",
+                       no_args_is_help=True)
+
+
+@warm_app.command("status")
+def warm_status() -> None:
+    """List this user's warm servers; the one this environment would use is marked."""
+    import flows.cli as cli
+    from flows import warm
+
+    with cli._user_errors():
+        mine = warm.server_key(dict(os.environ))
+        found = warm.servers()
+        if warm.mode() == "off":
+            cli.err.print("IMAGEBENCH_WARM=off: commands run cold", highlight=False)
+        if not found:
+            cli.err.print("no warm server running", highlight=False)
+        for s in found:
+            state = f"pid {s['pid']}" if s["pid"] else "not answering (stale socket)"
+            mark = "  <- this environment" if s["key"] == mine else ""
+            print(f"{s['key']}  {state}  {s['socket']}{mark}")
+
+
+@warm_app.command("stop")
+def warm_stop(
+    all_servers: Annotated[bool, typer.Option("--all", help="every warm server of this user")] = False,
+) -> None:
+    """Stop the warm server of this environment (or all of them); running commands finish."""
+    import flows.cli as cli
+    from flows import warm
+
+    with cli._user_errors():
+        mine = warm.server_key(dict(os.environ))
+        targets = [s for s in warm.servers() if all_servers or s["key"] == mine]
+        if not targets:
+            cli.err.print("no warm server to stop", highlight=False)
+        for s in targets:
+            from pathlib import Path
+
+            answered = warm.stop(Path(s["socket"]))
+            cli.err.print(f"{s['key']}: {'stopped' if answered else 'stale socket removed'}", highlight=False)
