@@ -88,7 +88,6 @@ def _nightly_run(root: Path, tiny: TinyModel, ref_ws: Workspace, n_models: int, 
         "scored": n_models * len(eligible),
         "peak_kib": res.main_hwm_kib(),
         "tree_peak_kib": res.tree_peak_kib,
-        "others": [(p.cmd, p.hwm_kib) for p in res.processes[1:]],
         "wall_s": res.wall_s,
         "cpu_others": res.others,
         "profile_kib": res.rss_profile(10),
@@ -126,29 +125,6 @@ def run(work: Path, quick: bool, log, tiny: TinyModel, ref_ws: Workspace | None)
     return out
 
 
-def _program(cmd: str) -> str:
-    """The program a command line runs: ``python -m X`` -> X, else the first word's basename."""
-    if " -m " in cmd:
-        return cmd.split(" -m ", 1)[1].split()[0] if cmd.split(" -m ", 1)[1].split() else "python"
-    words = cmd.split()
-    return words[0].rsplit("/", 1)[-1] if words else "(no command line)"
-
-
-def summarise_processes(others: list[tuple[str, int]]) -> str:
-    """Other processes of the tree, one entry per program (a run starts one tesseract per OCR
-    call: a thousand of them listed one by one is unreadable), largest peak first."""
-    groups: dict[str, list[int]] = {}
-    for cmd, kib in others:
-        groups.setdefault(_program(cmd), []).append(kib)
-    parts = []
-    for name, peaks in sorted(groups.items(), key=lambda kv: (-max(kv[1]), kv[0])):
-        if len(peaks) == 1:
-            parts.append(f"`{name}` 1 process, {fmt_mib(peaks[0])}")
-        else:
-            parts.append(f"`{name}` {len(peaks):,} processes (short-lived), at most {fmt_mib(max(peaks))} each")
-    return "Other processes in the tree (12-model run), by program: " + "; ".join(parts) + "."
-
-
 def markdown(res: dict) -> list[str]:
     lines = []
     if "nightly" in res:
@@ -177,8 +153,6 @@ def markdown(res: dict) -> list[str]:
             + ".",
             "",
         ]
-        if last["others"]:
-            lines += [summarise_processes(last["others"]), ""]
     s, b = res["scorer"][res["scorer_small"]], res["scorer"][res["scorer_big"]]
     gs, gb = res["scorer_growth_kib"]
     lines += [

@@ -39,7 +39,7 @@ import hashlib
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 SEED = 0
 BATCHES = {"batch6": 6, "batch1": 1}  # all six images in one padded batch; each image alone
@@ -97,23 +97,20 @@ def _exec_official(path: Path, names: set[str], namespace: dict[str, Any]) -> No
     exec(code, namespace)
 
 
-def official(out: Path, src: Path) -> dict[str, Any]:
+def official_namespace(src: Path) -> dict[str, Any]:
+    """The official definitions needed for inference, executed from the unpacked package ``src``
+    (also used by bench/gpu_official.py)."""
     import math
     import os
     from collections.abc import Mapping
     from typing import List, Optional
 
     import requests
-    import safetensors.torch
     import torch
-    import transformers
     from PIL import Image
     from torch import nn
-    from transformers import AutoConfig, AutoProcessor, Qwen2VLForConditionalGeneration
+    from transformers import Qwen2VLForConditionalGeneration
 
-    wrong = {k: os.environ.get(k) for k, v in PINNED_CPU_ENV.items() if os.environ.get(k) != v}
-    if wrong or torch.backends.cpu.get_cpu_capability() != PINNED_CPU_CAPABILITY:
-        raise SystemExit(f"run with {PINNED_CPU_ENV} on a CPU with {PINNED_CPU_CAPABILITY} (got {wrong})")
     pkg = src / "hpsv3"
     ns: dict[str, Any] = {
         "math": math, "os": os, "torch": torch, "nn": nn, "Image": Image, "requests": requests,
@@ -133,6 +130,54 @@ def official(out: Path, src: Path) -> dict[str, Any]:
     )
     _exec_official(pkg / "model" / "qwen2vl_trainer.py", {"Qwen2VLRewardModelBT"}, ns)
     _exec_official(pkg / "inference.py", {"HPSv3RewardInferencer"}, ns)
+    return ns
+
+
+def build_official_inferencer(
+    ns: dict[str, Any], base: Path, dtype: Any, device: str, attn: str, load_weights: Callable[[Any], None]
+) -> Any:
+    """``create_model_and_processor`` (train.py) with HPSv3_7B.yaml, step by step, the module tree
+    built directly on ``device``; ``load_weights(model)`` stands for ``load_state_dict``."""
+    import torch
+    from transformers import AutoConfig, AutoProcessor
+
+    processor = AutoProcessor.from_pretrained(str(base), padding_side="right")
+    processor.tokenizer.add_special_tokens({"additional_special_tokens": ["<|Reward|>"]})
+    special_ids = processor.tokenizer.convert_tokens_to_ids(["<|Reward|>"])
+    config = AutoConfig.from_pretrained(str(base))
+    with torch.device(device):
+        model = ns["Qwen2VLRewardModelBT"]._from_config(
+            config, torch_dtype=dtype, attn_implementation=attn, output_dim=2, reward_token="special",
+            special_token_ids=special_ids, rm_head_type="ranknet", rm_head_kwargs=None,
+        )  # fmt: skip
+        model.config.use_cache = False
+        model.resize_token_embeddings(len(processor.tokenizer))
+    if dtype == torch.bfloat16:  # training_args.bf16
+        model.to(torch.bfloat16)
+    model.rm_head.to(torch.float32)
+    model.config.tokenizer_padding_side = processor.tokenizer.padding_side
+    model.config.pad_token_id = processor.tokenizer.pad_token_id
+    load_weights(model)
+    model.eval()
+    if device == "cpu":  # the CUDA-only autocast around rm_head, done by hand (module docstring)
+        model.rm_head.register_forward_pre_hook(lambda _m, args: tuple(a.float() for a in args))
+    inferencer = object.__new__(ns["HPSv3RewardInferencer"])
+    inferencer.model, inferencer.processor, inferencer.device = model, processor, device
+    inferencer.use_special_tokens = True
+    return inferencer
+
+
+def official(out: Path, src: Path) -> dict[str, Any]:
+    import os
+
+    import safetensors.torch
+    import torch
+    import transformers
+
+    wrong = {k: os.environ.get(k) for k, v in PINNED_CPU_ENV.items() if os.environ.get(k) != v}
+    if wrong or torch.backends.cpu.get_cpu_capability() != PINNED_CPU_CAPABILITY:
+        raise SystemExit(f"run with {PINNED_CPU_ENV} on a CPU with {PINNED_CPU_CAPABILITY} (got {wrong})")
+    ns = official_namespace(src)
 
     inputs = json.loads((out / "inputs.json").read_text(encoding="utf-8"))
     base, checkpoint = out / "tiny-qwen2vl", out / "HPSv3-tiny.safetensors"
@@ -143,30 +188,10 @@ def official(out: Path, src: Path) -> dict[str, Any]:
     state_dict = safetensors.torch.load_file(str(checkpoint), device="cpu")
 
     def build(dtype: torch.dtype) -> Any:
-        # create_model_and_processor (train.py) with HPSv3_7B.yaml, step by step
-        processor = AutoProcessor.from_pretrained(str(base), padding_side="right")
-        processor.tokenizer.add_special_tokens({"additional_special_tokens": ["<|Reward|>"]})
-        special_ids = processor.tokenizer.convert_tokens_to_ids(["<|Reward|>"])
-        config = AutoConfig.from_pretrained(str(base))
-        model = ns["Qwen2VLRewardModelBT"]._from_config(
-            config, torch_dtype=dtype, attn_implementation="sdpa", output_dim=2, reward_token="special",
-            special_token_ids=special_ids, rm_head_type="ranknet", rm_head_kwargs=None,
-        )  # fmt: skip
-        model.config.use_cache = False
-        model.resize_token_embeddings(len(processor.tokenizer))
-        if dtype == torch.bfloat16:  # training_args.bf16
-            model.to(torch.bfloat16)
-        model.rm_head.to(torch.float32)
-        model.config.tokenizer_padding_side = processor.tokenizer.padding_side
-        model.config.pad_token_id = processor.tokenizer.pad_token_id
-        model.load_state_dict(state_dict, strict=True)
-        model.eval()
-        # The CUDA-only autocast around rm_head, done by hand on CPU (see the module docstring).
-        model.rm_head.register_forward_pre_hook(lambda _m, args: tuple(a.float() for a in args))
-        inferencer = object.__new__(ns["HPSv3RewardInferencer"])
-        inferencer.model, inferencer.processor, inferencer.device = model, processor, "cpu"
-        inferencer.use_special_tokens = True
-        return inferencer
+        # Attention is "sdpa": flash-attention is not installed (as on CPU).
+        return build_official_inferencer(
+            ns, base, dtype, "cpu", "sdpa", lambda model: model.load_state_dict(state_dict, strict=True)
+        )
 
     runs: dict[str, Any] = {}
     for dtype_name in ("bfloat16", "float32"):
