@@ -242,6 +242,8 @@ class Workspace:
                 "PYTHONPATH": str(SRC),  # ahead of the editable install's finder
                 "BENCH_SRC": str(SRC),
                 "COLUMNS": "160",
+                # Cold, as (a)-(e) always measured; (f) measures the warm server against this.
+                "IMAGEBENCH_WARM": "off",
             }
         )
         env.update(self.env_extra)

@@ -45,6 +45,9 @@ import flows.cli_vab_run  # noqa: E402,F401  (registers vab run|audit|demo-sets 
 import flows.cli_vab_people  # noqa: E402,F401  (registers vab panel open|serve|status|close|analyze|export)
 
 app.add_typer(vab_app, name="vab")
+from flows.cli_warm import warm_app  # noqa: E402
+
+app.add_typer(warm_app, name="warm")
 
 err = Console(stderr=True)
 UNCALIBRATED_BANNER = (
@@ -287,13 +290,16 @@ def _server_api_url(settings: Settings) -> tuple[str | None, str]:
     In order: PREFECT_API_URL (environment, or the active Prefect profile), then the local server
     that `imagebench serve --local-server` (`make serve`) is running for this workspace.
     """
+    from flows.warm import embedded_api_url
+
+    embedded = embedded_api_url()  # a warm command's API is the embedded one, not a server
     url = os.environ.get("PREFECT_API_URL", "").strip()
-    if url:
+    if url and url != embedded:
         return url, "PREFECT_API_URL"
     from prefect.settings import get_current_settings
 
     url = (get_current_settings().api.url or "").strip()
-    if url:
+    if url and url != embedded:
         return url, "PREFECT_API_URL in the Prefect settings"
     from flows.server import API_URL_FILE, recorded_api_url, server_home
 
@@ -514,6 +520,7 @@ def hpsv3(
             device=device,
             dtype=dtype,
             rotary=rotary.value if rotary is not None else settings.hpsv3_rotary,
+            preprocess_workers=settings.hpsv3_preprocess_workers,
         )
         with _progress():
             from tasks import progress as hooks
@@ -526,6 +533,19 @@ def hpsv3(
         ]
         render(["image", "prompt", "mu", "sigma"], rows, fmt, title="HPSv3")
         _warn_uncalibrated(scorer.identity.uncalibrated, fmt)
+
+
+IMPORT_TABLE_MAX = 50  # models listed one per line; a bigger import gets one line (`imagebench leaderboard` has them)
+
+
+def _print_import_rows(rows: list[dict], title: str) -> None:
+    if len(rows) <= IMPORT_TABLE_MAX:
+        _print_rows(rows, OutputFormat.table, title)
+        return
+    counts = {k: sum(r[k] for r in rows) for k in ("rows_imported", "verdicts_imported") if k in rows[0]}
+    what = ", ".join(f"{n} {k.replace('_', ' ')}" for k, n in counts.items()) or "results written"
+    err.print(f"{title}: {len(rows)} models, {what} (tables are shown up to {IMPORT_TABLE_MAX} models; "
+              "see `imagebench leaderboard`)")
 
 
 @app.command("import-scores")
@@ -542,9 +562,9 @@ def import_scores(
         suite = work.load_pinned_suite(settings)
         summary = import_scores_file(settings, suite, file, scorer)
         rows = [{"model_id": m, "rows_imported": n} for m, n in summary.rows_per_model.items()]
-        _print_rows(rows, OutputFormat.table, f"imported under scorer {scorer!r}")
+        _print_import_rows(rows, f"imported under scorer {scorer!r}")
         if summary.aggregated:
-            _print_rows(summary.aggregated, OutputFormat.table, "EPS")
+            _print_import_rows(summary.aggregated, "EPS")
         else:
             err.print(f"[yellow]{summary.note}[/]")
         work.refresh(settings, suite)
@@ -563,7 +583,7 @@ def import_verdicts(
         suite = work.load_pinned_suite(settings)
         summary = import_verdicts_file(settings, suite, file)
         rows = [{"model_id": m, "verdicts_imported": n} for m, n in summary.rows_per_model.items()]
-        _print_rows(rows, OutputFormat.table, "imported verdicts")
+        _print_import_rows(rows, "imported verdicts")
         if summary.note:
             err.print(f"[yellow]{summary.note}[/]")
         work.refresh(settings, suite)
@@ -873,13 +893,21 @@ def sql(
 
 
 @app.command()
-def catalog() -> None:
+def catalog(
+    full: Annotated[bool, typer.Option("--full", help="rebuild the compacted copy from every per-model file, not only what changed")] = False,
+) -> None:
     """Rebuild the DuckDB catalog file from the lake."""
     with _user_errors():
         settings = _settings()
         from tasks import work
+        from tasks.lake import refresh_catalog
 
-        path = work.refresh(settings, work.load_pinned_suite(settings))
+        suite = work.load_pinned_suite(settings)
+        if full:
+            refresh_catalog(settings.lake_dir, settings.catalog_path, suite, settings.reference_version, full=True)
+            path = settings.catalog_path
+        else:
+            path = work.refresh(settings, suite)
         err.print(f"catalog written: {path}")
 
 

@@ -135,6 +135,10 @@ class Settings(RunnerSettings):
     # Dask worker: Dask sets OMP_NUM_THREADS=1 in its workers) and recorded with each score.
     # 0 = the cores this process may run on (not OMP_NUM_THREADS, which differs by launcher).
     hpsv3_threads: int = Field(default=0, ge=0, le=1024)
+    # Processes that decode, resize, patchify and tokenise HPSv3 batches (tasks/hpsv3/pool.py).
+    # Unset: on CUDA the cores minus the one driving the device; on CPU 0 (one thread beside the
+    # forward, which already uses every core). Same bits for any value (docs/HPSV3.md).
+    hpsv3_preprocess_workers: int | None = Field(default=None, ge=0, le=256)
     # The pinned golden set a new reference stores mu for (reference/<name>.jsonl); the canary
     # of a run uses the set named in the reference in force.
     golden_set: str = "golden-v1"

@@ -4,6 +4,7 @@ Layout (see docs/LAKE.md)::
 
     <lake>/<table>/model_id=<id>/data.parquet     one model's rows (zstd); model_id also inside
     <lake>/<table>/_schema/data.parquet           zero rows, the table's schema: keeps views valid
+    <lake>/_compact/  <lake>/_fresh/              derived copy the catalog views read (tasks/compact.py)
     $IMAGEBENCH_HOME/imagebench.duckdb            views over the lake + prompts + leaderboard
 
 Writes are whole-partition and atomic: a temp file in the partition directory (name not ending in
@@ -34,6 +35,7 @@ import pyarrow.parquet as pq
 from schemas.lake import REGISTRY_TABLES, RUN_TABLES, RUNS, TABLES
 from schemas.study import STUDY_TABLES  # partitioned by study_id=<id> (tasks/beauty/tables.py)
 from schemas.vab import VAB_TABLES  # partitioned by sets=<S> (tasks/vab/tables.py)
+from tasks import compact
 from tasks.storage import validate_model_id  # one rule for model ids: ^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$, no '..'
 
 if TYPE_CHECKING:
@@ -58,7 +60,7 @@ DATA_FILE = "data.parquet"
 SCHEMA_DIR = "_schema"  # <lake>/<table>/_schema/data.parquet: typed, zero rows
 PARTITION_PREFIX = "model_id="
 COMPRESSION = "zstd"
-CATALOG_FORMAT = "imagebench-catalog/4"  # /2: model_events view; leaderboard honours retirements; /3: study tables; /4: vab tables and views
+CATALOG_FORMAT = "imagebench-catalog/5"  # /2: model_events view; leaderboard honours retirements; /3: study tables; /4: vab tables and views; /5: compacted per-model tables
 
 PROMPTS_SCHEMA = pa.schema(
     [
@@ -235,6 +237,9 @@ class Lake:
         for stale in path.parent.glob(f".{path.name}.*.tmp"):
             stale.unlink(missing_ok=True)
         _atomic_write_parquet(data, path)
+        # Still under the partition lock, so links of two writes of one model cannot cross: the
+        # catalog views (compacted copy + fresh files) show the new rows at once.
+        compact.publish(self.root, table, model_id, path, data.num_rows)
         return path
 
     def write_partition(self, table: str, model_id: str, data: Any) -> Path:
@@ -270,11 +275,15 @@ class Lake:
 
     # reads ---------------------------------------------------------------------------------
     def _read_file(self, table: str, path: Path) -> pa.Table:
-        schema = _schema_of(table)
         try:
             got = pq.read_table(path)
         except (pa.ArrowException, OSError) as exc:
             raise LakeCorrupt(f"{path}: corrupt or unreadable Parquet file: {exc}") from exc
+        return self._cast_to_schema(table, got, path)
+
+    @staticmethod
+    def _cast_to_schema(table: str, got: pa.Table, path: Path) -> pa.Table:
+        schema = _schema_of(table)
         arrays = []
         for field in schema:
             if field.name in got.column_names:
@@ -290,6 +299,17 @@ class Lake:
                 raise LakeCorrupt(f"{path}: required column {field.name!r} is missing")
             arrays.append(col)
         return pa.Table.from_arrays(arrays, schema=schema)
+
+    def _read_model_file(self, table: str, model_id: str) -> pa.Table:
+        """One model's partition (empty when it is gone, e.g. moved aside meanwhile); a corrupt
+        file or one holding another model's rows raises :class:`LakeCorrupt` naming the file."""
+        path = self.table_dir(table) / f"{PARTITION_PREFIX}{model_id}" / DATA_FILE
+        if not path.is_file():
+            return pa.Table.from_batches([], schema=_schema_of(table))
+        part = self._read_file(table, path)
+        if part.num_rows and pc.any(pc.not_equal(part.column("model_id"), model_id)).as_py():
+            raise LakeCorrupt(f"{path}: holds rows of another model than {model_id!r}")
+        return part
 
     def models(self, table: str) -> list[str]:
         """Model ids that have a partition in ``table`` (sorted)."""
@@ -383,6 +403,7 @@ class Lake:
         dest.parent.mkdir(parents=True, exist_ok=True)
         with self._locked(table, model_id):
             os.replace(src, dest)
+            compact.publish(self.root, table, model_id, None, 0)  # its fresh links go: a tombstone hides its rows
         dest.with_suffix(".reason.txt").write_text(reason + "\n")
         _fsync_dir(src.parent)
         return dest
@@ -519,25 +540,42 @@ def _leaderboard_sql(suite_version: str, reference_version: str) -> str:
     )
     return f"""
 CREATE VIEW leaderboard AS
-WITH latest AS (
+WITH latest AS MATERIALIZED (
     SELECT * FROM model_scores
     WHERE suite_version = {_sql_str(suite_version)} AND reference_version = {_sql_str(reference_version)}
       AND model_id NOT IN (SELECT model_id FROM retired_models)
     QUALIFY row_number() OVER (PARTITION BY model_id ORDER BY scored_at DESC, run_id DESC) = 1
 ),
 axis AS (SELECT bool_and(overall IS NOT NULL) AS use_overall FROM latest),
-banded AS (
+banded AS MATERIALIZED (
     SELECT l.*,
         CASE WHEN a.use_overall THEN l.overall ELSE l.eps END AS rank_score,
         CASE WHEN a.use_overall THEN coalesce(l.overall_lo, l.overall) ELSE coalesce(l.eps_lo, l.eps) END AS rank_lo,
         CASE WHEN a.use_overall THEN coalesce(l.overall_hi, l.overall) ELSE coalesce(l.eps_hi, l.eps) END AS rank_hi
     FROM latest l CROSS JOIN axis a
+),
+-- Counting by sorting instead of a pairwise self-join (10,000 models = 10^8 pairs): sort the
+-- bounds from the top; a model's "above" is the number of lower bounds before its upper bound
+-- (ties: the model's row first, so only strictly greater bounds count), its "reach" the number
+-- of upper bounds before its lower bound (ties: the bounds first, so >= counts). Both are the
+-- row's position overall minus its position among the models' own rows.
+above AS (
+    SELECT model_id, row_number() OVER (ORDER BY v DESC, kind DESC, model_id)
+                     - row_number() OVER (PARTITION BY kind ORDER BY v DESC, model_id) AS n
+    FROM (SELECT rank_lo AS v, 0 AS kind, model_id FROM banded UNION ALL SELECT rank_hi, 1, model_id FROM banded)
+    QUALIFY kind = 1
+),
+reach AS (
+    SELECT model_id, row_number() OVER (ORDER BY v DESC, kind ASC, model_id)
+                     - row_number() OVER (PARTITION BY kind ORDER BY v DESC, model_id) AS n
+    FROM (SELECT rank_hi AS v, 0 AS kind, model_id FROM banded UNION ALL SELECT rank_lo, 1, model_id FROM banded)
+    QUALIFY kind = 1
 )
 SELECT
-    1 + (SELECT count(*) FROM banded o WHERE o.rank_lo > l.rank_hi) AS "rank",
-    (SELECT count(*) FROM banded o WHERE o.rank_hi >= l.rank_lo) AS rank_worst,
+    1 + above.n AS "rank",
+    reach.n AS rank_worst,
     {cols}
-FROM banded l
+FROM banded l JOIN above USING (model_id) JOIN reach USING (model_id)
 ORDER BY l.rank_score DESC, l.model_id
 """
 
@@ -547,14 +585,18 @@ def refresh_catalog(
     catalog_path: str | os.PathLike[str],
     suite: Suite,
     reference_version: str,
+    full: bool = False,
 ) -> Path:
     """(Re)build the DuckDB catalog file atomically (temp file next to it, then ``os.replace``).
 
-    It holds one view per lake table over ``<lake>/<table>/*/data.parquet`` (absolute paths; new
-    partitions show up without a refresh), a ``prompts`` table from the suite, a ``leaderboard``
+    The per-model tables are first compacted (``tasks.compact``): only the buckets holding models
+    whose file changed since the last refresh are rewritten (``full``: all, from the per-model
+    files). Their views read the compacted copy plus the partitions
+    published since (new partitions show up without a refresh); the other tables' views glob
+    ``<lake>/<table>/*/data.parquet``. Also a ``prompts`` table from the suite, a ``leaderboard``
     view (latest ``model_scores`` row per model for this suite and reference version) and a
-    one-row ``catalog_info`` table. Every partition file's footer is checked first: a corrupt
-    file raises :class:`LakeCorrupt` and the previous catalog stays in place.
+    one-row ``catalog_info`` table. A corrupt per-model file raises :class:`LakeCorrupt` naming
+    it, and the previous catalog stays in place (and readable).
     """
     lake = Lake(Path(lake_dir).resolve())
     catalog = Path(catalog_path).resolve()
@@ -562,15 +604,26 @@ def refresh_catalog(
     lake.root.mkdir(parents=True, exist_ok=True)
     for table in (*TABLES, *RUN_TABLES, *REGISTRY_TABLES, *STUDY_TABLES, *VAB_TABLES):
         lake.ensure_schema_file(table)
-    lake.check_files()
+    with compact.compacted(lake, COMPACTED_TABLES, full=full) as c:
+        _write_catalog(lake, catalog, suite, reference_version, c)
+    return catalog
 
+
+# The per-model tables the catalog reads through the compacted copy (tasks/compact.py).
+COMPACTED_TABLES: dict[str, pa.Schema] = {**TABLES, **REGISTRY_TABLES}
+
+
+def _write_catalog(lake: Lake, catalog: Path, suite: Suite, reference_version: str, c: compact.Compaction) -> None:
     tmp = catalog.parent / f".{catalog.name}.{uuid.uuid4().hex}.tmp"
     tmp_wal = Path(str(tmp) + ".wal")
     try:
         con = duckdb.connect(str(tmp))
         try:
             for table in (*TABLES, *RUN_TABLES, *REGISTRY_TABLES, *STUDY_TABLES, *VAB_TABLES):
-                con.execute(_table_view_sql(lake.root, table))
+                if table in COMPACTED_TABLES:
+                    con.execute(compact.view_sql(lake.root, table, COMPACTED_TABLES[table], c.gen, c.files(table)))
+                else:
+                    con.execute(_table_view_sql(lake.root, table))
             con.execute(STUDY_LEADERBOARD_SQL)
             for sql in VAB_VIEWS_SQL:  # strict results per task and judge, and their leaderboard (docs/VAB.md)
                 con.execute(sql)
@@ -589,6 +642,7 @@ def refresh_catalog(
                     "suite_sha256": [suite.sha256],
                     "reference_version": [reference_version],
                     "built_at": [datetime.now(timezone.utc)],
+                    "generation": [c.gen],
                 }
             )
             con.register("_info_src", info)
@@ -617,7 +671,6 @@ def refresh_catalog(
                 p.unlink()
         raise
     _fsync_dir(catalog.parent)
-    return catalog
 
 
 # Statement types a read-only connection runs. Everything else (COPY, EXPORT, ATTACH, CREATE,

@@ -209,11 +209,17 @@ def _check_processor_resize_is_identity(height: int, width: int, config: VisionP
         )
 
 
+def patch_shape(width: int, height: int, config: VisionPreprocessConfig = DEFAULT_VISION_CONFIG) -> tuple[int, int]:
+    """Shape of :func:`patchify`'s pixel_values for a resized image of this size."""
+    return (height // config.patch_size) * (width // config.patch_size), config.patch_dim
+
+
 def patchify(
-    img: Image.Image, config: VisionPreprocessConfig = DEFAULT_VISION_CONFIG
+    img: Image.Image, config: VisionPreprocessConfig = DEFAULT_VISION_CONFIG, out: np.ndarray | None = None
 ) -> tuple[np.ndarray, tuple[int, int, int]]:
     """Qwen2-VL image-processor output for an RGB image whose sides are multiples of the factor:
-    (pixel_values float32 [grid_h*grid_w, 3*T*p*p], grid_thw (1, grid_h, grid_w))."""
+    (pixel_values float32 [grid_h*grid_w, 3*T*p*p], grid_thw (1, grid_h, grid_w)). ``out``: a
+    C-contiguous float32 array of :func:`patch_shape` to write into (the pool's shared memory)."""
     if img.mode != "RGB":
         raise ValueError(f"patchify expects an RGB image, got mode {img.mode!r}")
     width, height = img.size
@@ -228,9 +234,15 @@ def patchify(
     # [C, H, W] -> (gh/m, gw/m, m_h, m_w, C, p_h, p_w): the processor's patch order ...
     blocks = chw.reshape(3, grid_h // m, m, p, grid_w // m, m, p).transpose(1, 4, 2, 5, 0, 3, 6)
     # ... with the single frame repeated T times right after the channel axis.
-    out = np.empty((grid_h // m, grid_w // m, m, m, 3, t, p, p), dtype=np.float32)
-    out[...] = blocks[:, :, :, :, :, None]
-    flat = out.reshape(grid_h * grid_w, 3 * t * p * p)
+    shape = (grid_h // m, grid_w // m, m, m, 3, t, p, p)
+    if out is None:
+        dest = np.empty(shape, dtype=np.float32)
+    else:
+        if out.dtype != np.float32 or out.shape != (grid_h * grid_w, 3 * t * p * p) or not out.flags.c_contiguous:
+            raise ValueError(f"out must be C-contiguous float32 {(grid_h * grid_w, 3 * t * p * p)}, got {out.dtype} {out.shape}")
+        dest = out.reshape(shape)  # a view: C-contiguous
+    dest[...] = blocks[:, :, :, :, :, None]
+    flat = dest.reshape(grid_h * grid_w, 3 * t * p * p)
     return flat, (1, grid_h, grid_w)
 
 

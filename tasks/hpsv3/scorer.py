@@ -1,7 +1,9 @@
 """HPSv3Scorer: load once, score (image, prompt) pairs in batches, report the scorer identity.
 
-Batches are prepared (decode, resize, patchify, tokenise) on a worker thread while the previous
-batch runs on the device. A CUDA out-of-memory error halves the batch and retries, down to 1.
+Batches are prepared (decode, resize, patchify, tokenise) ahead of the device: by a pool of worker
+processes (``tasks.hpsv3.pool``; the default on CUDA) or, with 0 workers, on one thread beside
+the forward (the default on CPU). Both give the same bits. A CUDA out-of-memory error halves the
+batch and retries, down to 1.
 """
 
 from __future__ import annotations
@@ -10,10 +12,13 @@ import hashlib
 import json
 import os
 import tempfile
-from concurrent.futures import ThreadPoolExecutor
+import threading
+import warnings
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -25,6 +30,7 @@ from .model import (
     REWARD_SUFFIX,
     EncodedItem,
     BASE_MODEL_ALLOW_PATTERNS,
+    REWARD_TOKEN,
     LoadedHPSv3,
     check_rope_mode,
     checkpoint_is_uncalibrated,
@@ -34,10 +40,12 @@ from .model import (
     resolve_device,
     resolve_dtype,
     read_base_config,
+    render_text,
     resolve_base_model,
     resolve_checkpoint,
     validate_prompt,
 )
+from .pool import BrokenProcessPool, PreparedImage, PreparePool, default_preprocess_workers, tokenizer_backend_if_identical
 from .preprocess import ImageInput, PreprocessedImage, VisionPreprocessConfig, preprocess_image
 
 SCORER_NAME = "hpsv3"
@@ -47,6 +55,10 @@ HASH_CHUNK_BYTES = 8 * 1024 * 1024
 SHA_CACHE_FILENAME = "checkpoint-sha256.json"
 
 BatchRunner = Callable[[Sequence[EncodedItem]], np.ndarray]
+# Batches handed to the preprocessing pool ahead of the one on the device: two keep every worker
+# busy across a batch boundary (images differ in cost) without holding many batches in memory.
+POOL_PREFETCH_BATCHES = 2
+CHAT_TEXT_CACHE_SIZE = 4096  # rendered prompts kept per scorer (a suite has 192)
 
 
 # --- hashing -------------------------------------------------------------------------------
@@ -215,6 +227,10 @@ def _device_label(device: torch.device) -> str:
     return device.type
 
 
+def _pool_broken(pool: PreparePool) -> bool:
+    return bool(getattr(pool._executor, "_broken", False))  # noqa: SLF001
+
+
 def _release_cuda_memory() -> None:
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
@@ -230,6 +246,7 @@ class HPSv3Scorer:
         base_model: str,
         uncalibrated: bool = False,
         batch_runner: BatchRunner | None = None,
+        preprocess_workers: int | None = None,
     ) -> None:
         self.loaded = loaded
         self.base_model = base_model
@@ -237,6 +254,13 @@ class HPSv3Scorer:
         self.uncalibrated = uncalibrated or checkpoint_is_uncalibrated(loaded.checkpoint_path)
         # Injectable so the OOM path can be exercised on CPU.
         self.batch_runner: BatchRunner = batch_runner or self.run_batch
+        if preprocess_workers is not None and preprocess_workers < 0:
+            raise ValueError(f"preprocess_workers must be >= 0 (0: one thread, no processes), got {preprocess_workers}")
+        # None: default_preprocess_workers(device) (IMAGEBENCH_HPSV3_PREPROCESS_WORKERS, docs/HPSV3.md).
+        self.preprocess_workers = preprocess_workers
+        self._pool: PreparePool | None = None
+        self._pool_lock = threading.RLock()
+        self._chat_texts: dict[str, str] = {}
 
     @classmethod
     def load(
@@ -247,17 +271,59 @@ class HPSv3Scorer:
         dtype: str = "auto",
         uncalibrated: bool = False,
         rotary: str = "official",
+        preprocess_workers: int | None = None,
     ) -> "HPSv3Scorer":
         """``base_model``: local HF-layout dir or HF id; ``checkpoint``: local .safetensors or HF
         repo id holding HPSv3.safetensors. ``uncalibrated`` marks demo/random weights (also detected
         from the checkpoint's metadata, as written by ``tiny.write_tiny_checkpoint``). ``rotary``:
-        "official" (bf16-rounded frequencies, as trained) or "float32" (docs/HPSV3.md)."""
+        "official" (bf16-rounded frequencies, as trained) or "float32" (docs/HPSV3.md).
+        ``preprocess_workers``: processes that prepare images (0: one thread; None: the default
+        for the device, :func:`tasks.hpsv3.pool.default_preprocess_workers`)."""
         loaded = load_hpsv3(base_model, checkpoint, device=device, dtype=dtype, rope_mode=check_rope_mode(rotary))
-        return cls(loaded, str(base_model), uncalibrated)
+        return cls(loaded, str(base_model), uncalibrated, preprocess_workers=preprocess_workers)
 
     @property
     def model(self) -> torch.nn.Module:
         return self.loaded.model
+
+    # -- the preprocessing pool --
+    @property
+    def workers(self) -> int:
+        """Preprocessing worker processes ``score`` uses (0: one thread in this process)."""
+        if self.preprocess_workers is not None:
+            return self.preprocess_workers
+        return default_preprocess_workers(self.loaded.device.type)
+
+    def _prepare_pool(self, workers: int) -> PreparePool | None:
+        """The scorer's pool, started on first use and reused by every later ``score`` call.
+        None where this process may not start processes (a daemonic one, e.g. some Dask workers):
+        then batches are prepared on one thread, with a warning. Thread-safe: concurrent ``score``
+        calls (IMAGEBENCH_GPU_CONCURRENCY > 1) share one pool."""
+        with self._pool_lock:
+            if self._pool is not None and not self._pool.closed and self._pool.workers == workers:
+                return self._pool
+            self.close()
+            loaded = self.loaded
+            probe = render_text(loaded.tokenizer, loaded.chat_template, "a probe prompt", 4)
+            backend = tokenizer_backend_if_identical(loaded.tokenizer, probe)
+            try:
+                self._pool = PreparePool(workers, loaded.vision, backend)
+            except RuntimeError as exc:
+                warnings.warn(f"HPSv3 preprocessing on one thread: {exc}", RuntimeWarning, stacklevel=3)
+                return None
+            return self._pool
+
+    def close(self) -> None:
+        """Stop the preprocessing workers (a later ``score`` starts new ones). Idempotent."""
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.close()
+
+    def __enter__(self) -> "HPSv3Scorer":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     @cached_property
     def identity(self) -> ScorerIdentity:
@@ -300,6 +366,92 @@ class HPSv3Scorer:
         return encode_items(
             self.loaded.tokenizer, self.loaded.chat_template, prepped, prompts, self.loaded.reward_token_id
         )
+
+    def _collect(
+        self, futures: Sequence[Future], images: Sequence[ImageInput], prompts: Sequence[str], offset: int
+    ) -> list[EncodedItem]:
+        """The pool's results for one batch, in input order, as :meth:`prepare` would give them
+        (same errors, same messages)."""
+        prepared: list[PreparedImage] = []
+        for i, fut in enumerate(futures):
+            try:
+                res = fut.result()
+            except BrokenProcessPool as exc:
+                raise RuntimeError(f"an HPSv3 preprocessing worker died while preparing image {offset + i}: {exc}") from exc
+            if not isinstance(res, PreparedImage):  # the worker's error, named as prepare() names it
+                image = images[i]
+                label = image if isinstance(image, (str, Path)) else type(image).__name__
+                raise ValueError(f"image {offset + i} ({label}): {res.message}")
+            prepared.append(res)
+        if any(p.input_ids is None for p in prepared):  # the parent tokenises, as prepare() does
+            loaded = self.loaded
+            return encode_items(
+                loaded.tokenizer, loaded.chat_template, [p.image for p in prepared], prompts, loaded.reward_token_id
+            )
+        items = []
+        for i, p in enumerate(prepared):
+            if int((p.input_ids == self.loaded.reward_token_id).sum()) != 1:
+                raise ValueError(f"item {i}: expected exactly one {REWARD_TOKEN} token after tokenisation")
+            items.append(EncodedItem(p.input_ids, p.image.pixel_values, p.image.grid_thw))
+        return items
+
+    def prepare_with_pool(
+        self, images: Sequence[ImageInput], prompts: Sequence[str], batch_size: int = 8, workers: int | None = None
+    ) -> list[EncodedItem]:
+        """:meth:`prepare` through the preprocessing pool (``workers``: default :attr:`workers`,
+        at least 1), ``batch_size`` images per batch as ``score`` hands them out. For tests and
+        benchmarks: exactly what the model is fed on the pool path."""
+        pool = self._prepare_pool(max(1, self.workers if workers is None else workers))
+        if pool is None:
+            return self.prepare(images, prompts)
+        out: list[EncodedItem] = []
+        for _, items in self._pool_batches(pool, images, prompts, batch_size):
+            out += items
+        return out
+
+    def _pool_batches(
+        self, pool: PreparePool, images: Sequence[ImageInput], prompts: Sequence[str], batch_size: int
+    ) -> Iterator[tuple[int, list[EncodedItem]]]:
+        """(start, items) per batch, in input order. While the caller works on one batch, the next
+        POOL_PREFETCH_BATCHES are in the workers. Leaving early cancels the jobs not started."""
+        n = len(images)
+        starts = range(0, n, batch_size)
+        pending: deque[tuple[int, list[Future]]] = deque()
+        next_k = 0
+        try:
+            for _ in starts:
+                while next_k < len(starts) and len(pending) <= POOL_PREFETCH_BATCHES:
+                    start = starts[next_k]
+                    pending.append((start, self._submit(pool, images, prompts, start, min(start + batch_size, n))))
+                    next_k += 1
+                start, futures = pending.popleft()
+                stop = start + len(futures)
+                yield start, self._collect(futures, images[start:stop], prompts[start:stop], start)
+        finally:
+            for _, futures in pending:  # jobs not started are dropped; running ones finish and clean up
+                PreparePool.cancel(futures)
+            if pool.closed or _pool_broken(pool):
+                self.close()  # a dead worker breaks the pool: the next call starts a fresh one
+
+    def _submit(
+        self, pool: PreparePool, images: Sequence[ImageInput], prompts: Sequence[str], start: int, stop: int
+    ) -> list[Future]:
+        futures = []
+        for i in range(start, stop):
+            futures.append(pool.submit(images[i], self._chat_text(prompts[i]) if pool.tokenizes else None))
+        return futures
+
+    def _chat_text(self, prompt: str) -> str:
+        """The rendered chat text with one image pad, which the worker expands to the image's
+        token count (as render_text does). Remembered per prompt: a nightly sends the same
+        suite prompts for every model, and the parent's time per image limits the pool."""
+        text = self._chat_texts.get(prompt)
+        if text is None:
+            if len(self._chat_texts) >= CHAT_TEXT_CACHE_SIZE:
+                self._chat_texts.clear()
+            loaded = self.loaded
+            text = self._chat_texts[prompt] = render_text(loaded.tokenizer, loaded.chat_template, prompt, 1)
+        return text
 
     def run_batch(self, items: Sequence[EncodedItem]) -> np.ndarray:
         """One forward pass: [len(items), 2] float64 (mu, sigma)."""
@@ -344,6 +496,10 @@ class HPSv3Scorer:
             except (TypeError, ValueError) as exc:
                 raise ValueError(f"prompt {i}: {exc}") from exc
         starts = list(range(0, n, batch_size))
+        workers = self.workers
+        pool = self._prepare_pool(workers) if workers > 0 else None
+        if pool is not None:
+            return self._score_with_pool(pool, images, prompts, batch_size, progress, out, sizes)
 
         def prepare_chunk(start: int) -> list[EncodedItem]:
             stop = min(start + batch_size, n)
@@ -363,4 +519,27 @@ class HPSv3Scorer:
                 out[start : start + len(items)] = scores
         finally:
             pool.shutdown(wait=True, cancel_futures=True)
+        return out, sizes
+
+    def _score_with_pool(
+        self,
+        pool: PreparePool,
+        images: Sequence[ImageInput],
+        prompts: Sequence[str],
+        batch_size: int,
+        progress: Callable[[int], None] | None,
+        out: np.ndarray,
+        sizes: list[int],
+    ) -> tuple[np.ndarray, list[int]]:
+        """The forward loop fed by the pool (:meth:`_pool_batches`)."""
+        current = batch_size
+        batches = self._pool_batches(pool, images, prompts, batch_size)
+        try:
+            for start, items in batches:
+                scores, current = run_with_oom_backoff(
+                    items, self.batch_runner, current, on_oom=_release_cuda_memory, on_done=progress, sizes_out=sizes
+                )
+                out[start : start + len(items)] = scores
+        finally:
+            batches.close()  # on an error in the forward: cancel the prefetched jobs now
         return out, sizes

@@ -1,0 +1,243 @@
+"""A lab's import at scale: `imagebench import-scores` + `imagebench import-verdicts` of N models
+(192 scores and 192 verdicts each, one file per command holding all models), the real commands
+in subprocesses, against a frozen reference built from imported scores as a lab would build it.
+
+    .venv/bin/python bench/bench_import.py                       # new code, 1,000 models
+    .venv/bin/python bench/bench_import.py --src /tmp/old        # + the old code at --old-models (100)
+    git -C /work/main archive 48e4bca | tar -x -C /tmp/old       # (how the old tree is made)
+
+Per workspace (fresh, as bench/common.py makes them: suite pinned, tiny-model settings), not
+timed: `import-scores` of a baseline field of 3 models under scorer `lab-bench`, then
+`imagebench reference build --version bench --baseline FILE --scorer lab-bench`, so the import
+computes EPS and Capability exactly as a lab sees them. Timed: the two import commands, whole
+(Python start-up, validation, Parquet writes, aggregation, catalog refresh; cold: no warm server).
+Reported: seconds, ms per imported row (scores + verdicts rows), and the ratio old/new per row
+at the same N.
+
+Same N, old and new: the lakes they leave are compared row for row (hps_scores, verdicts,
+model_scores; timestamps and run ids aside), so the speed-up is not bought with other results.
+
+One command per model: after the big import, ``--per-model`` single-model imports (scores +
+verdicts of one new model) run on the full lake, and the same on a lake holding only the
+baseline field: the ratio says whether one command's cost grows with the lake's size.
+
+Nothing here asserts on time; every ratio is measured in one run (see bench/README.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import random
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import (  # noqa: E402
+    PY,
+    SRC,
+    SUITE_FILE,
+    CpuMeter,
+    RunResult,
+    TinyModel,
+    Workspace,
+    machine_info,
+    run_imagebench,
+    run_measured,
+    source_info,
+)
+
+SCORER = "lab-bench"
+BASELINE = ("base-0", "base-1", "base-2")
+SEED = 20261126
+
+
+def suite_prompts() -> tuple[list[str], list[str]]:
+    """(all prompt ids, EPS-eligible ids) of the pinned suite, in suite order."""
+    rows = [json.loads(line) for line in SUITE_FILE.read_text().splitlines() if line.strip()]
+    return [r["prompt_id"] for r in rows], [r["prompt_id"] for r in rows if r.get("eps_eligible", True)]
+
+
+def _write_csv(path: Path, header: list[str], rows) -> Path:
+    with open(path, "w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(header)
+        w.writerows(rows)
+    return path
+
+
+def make_files(folder: Path, models: list[str], prompts: list[str], seed: int) -> tuple[Path, Path, int]:
+    """scores.csv + verdicts.csv for ``models`` (every prompt each; fixed seed per model, so a
+    model's rows are the same whatever N). Returns the paths and the row count of each."""
+    scores, verdicts = [], []
+    for m in models:
+        rng = random.Random(f"{seed}:{m}")
+        skill = rng.gauss(0.0, 0.5)
+        for p in prompts:
+            scores.append((m, p, f"{rng.gauss(skill, 1.0):.5f}", f"{abs(rng.gauss(0.5, 0.1)):.5f}"))
+            u = rng.random()
+            verdict = "ERROR" if u < 0.01 else ("PASS" if u < 0.5 + skill / 4 else "FAIL")
+            verdicts.append((m, p, verdict, "lab-judge"))
+    s = _write_csv(folder / "scores.csv", ["model_id", "prompt_id", "mu", "sigma"], scores)
+    v = _write_csv(folder / "verdicts.csv", ["model_id", "prompt_id", "verdict", "judge"], verdicts)
+    return s, v, len(scores)
+
+
+def _env(ws: Workspace, src: Path) -> dict[str, str]:
+    env = ws.env()
+    env["PYTHONPATH"] = str(src)  # the tree under test, ahead of the editable install
+    env["BENCH_SRC"] = str(src)
+    return env  # IMAGEBENCH_WARM=off (Workspace.env): every command cold, start-up included
+
+
+def _run(args: list[str], env: dict[str, str]) -> RunResult:
+    return run_imagebench(args, env, timeout=3600).check()
+
+
+def prepare(root: Path, tiny: TinyModel, src: Path, prompts: list[str], eligible: list[str]) -> tuple[Workspace, dict]:
+    """A workspace with a frozen reference `bench` built from imported baseline scores."""
+    ws = Workspace.create(root, tiny)
+    env = _env(ws, src)
+    base = root / "baseline.csv"
+    rows = []
+    for i, m in enumerate(BASELINE):
+        rng = random.Random(f"{SEED}:{m}")
+        rows += [(m, p, f"{rng.gauss(0.1 * i, 1.0):.5f}") for p in eligible]
+    _write_csv(base, ["model_id", "prompt_id", "mu"], rows)
+    (root / "baseline.txt").write_text("\n".join(BASELINE) + "\n")
+    _run(["import-scores", str(base), "--scorer", SCORER], env)
+    _run(["reference", "build", "--version", "bench", "--baseline", str(root / "baseline.txt"), "--scorer", SCORER], env)
+    return ws, env
+
+
+def timed_import(env: dict[str, str], scores: Path, verdicts: Path, rows: int) -> dict:
+    s = _run(["import-scores", str(scores), "--scorer", SCORER], env)
+    v = _run(["import-verdicts", str(verdicts)], env)
+    total = s.wall_s + v.wall_s
+    return {
+        "scores_s": s.wall_s,
+        "verdicts_s": v.wall_s,
+        "total_s": total,
+        "rows": 2 * rows,
+        "ms_per_row": 1000 * total / (2 * rows),
+        "peak_rss_mib": max(s.main_hwm_kib(), v.main_hwm_kib()) / 1024,
+        "others_cpu": max(s.others, v.others),
+    }
+
+
+def refresh_seconds(env: dict[str, str]) -> float:
+    """One catalog refresh of the lake as it is (what each import command ends with)."""
+    code = (
+        "import time; from schemas.settings import load_settings; from tasks import work; "
+        "s = load_settings(); suite = work.load_pinned_suite(s); t = time.perf_counter(); "
+        "work.refresh(s, suite); print(time.perf_counter() - t)"
+    )
+    r = run_measured([PY, "-c", code], env).check()
+    return float(r.stdout.strip().splitlines()[-1])
+
+
+def per_model_commands(ws: Workspace, env: dict[str, str], folder: Path, prompts: list[str], k: int, tag: str) -> dict:
+    """``k`` single-model imports (scores, then verdicts) of new models: median seconds each."""
+    s_times, v_times = [], []
+    for i in range(k):
+        m = f"single-{tag}-{i}"
+        sub = folder / m
+        sub.mkdir(parents=True, exist_ok=True)
+        s, v, _ = make_files(sub, [m], prompts, SEED)
+        s_times.append(_run(["import-scores", str(s), "--scorer", SCORER], env).wall_s)
+        v_times.append(_run(["import-verdicts", str(v)], env).wall_s)
+    med = lambda xs: sorted(xs)[len(xs) // 2]  # noqa: E731
+    return {"scores_s": med(s_times), "verdicts_s": med(v_times), "runs": k}
+
+
+def lake_rows(home: Path) -> dict[str, list[tuple]]:
+    """The lake's rows of the three tables an import writes, without timestamps, run ids and the
+    reference file's sha256 (each workspace builds its own reference: same mu, its own build time)."""
+    from tasks.lake import Lake
+
+    lake = Lake(home / "lake")
+    skip = {"scored_at", "decided_at", "run_id", "reference_sha256"}
+    out = {}
+    for table in ("hps_scores", "verdicts", "model_scores"):
+        t = lake.read(table)
+        cols = [c for c in t.column_names if c not in skip]
+        out[table] = sorted(zip(*(t[c].to_pylist() for c in cols)), key=repr)
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--models", type=int, default=1000, help="models in the big import (new code)")
+    ap.add_argument("--old-models", type=int, default=100, help="models for the old-vs-new comparison")
+    ap.add_argument("--src", type=Path, help="source tree of the old code (git archive of the baseline commit)")
+    ap.add_argument("--per-model", type=int, default=3, help="single-model commands on the full and the small lake")
+    ap.add_argument("--workdir", type=Path, help="keep workspaces here (default: a temporary directory)")
+    ap.add_argument("--json", action="store_true", help="print the raw results as JSON")
+    args = ap.parse_args()
+
+    prompts, eligible = suite_prompts()
+    results: dict = {"machine": machine_info(), "source": source_info(), "seed": SEED, "prompts": len(prompts)}
+    meter = CpuMeter()
+    with tempfile.TemporaryDirectory(prefix="bench-import-") as tmp:
+        root = args.workdir or Path(tmp)
+        root.mkdir(parents=True, exist_ok=True)
+        tiny = TinyModel.write(root / "tiny")
+        new_src = SRC
+
+        def one(src: Path, n: int, tag: str) -> tuple[dict, Workspace, dict]:
+            ws, env = prepare(root / tag, tiny, src, prompts, eligible)
+            files = root / f"files-{n}"
+            files.mkdir(exist_ok=True)
+            if not (files / "scores.csv").is_file():
+                make_files(files, [f"lab-model-{i:05d}" for i in range(n)], prompts, SEED)
+            rows = n * len(prompts)
+            res = timed_import(env, files / "scores.csv", files / "verdicts.csv", rows)
+            res.update(models=n, src=str(src))
+            print(f"[{tag}] {n} models: import-scores {res['scores_s']:.1f} s + import-verdicts "
+                  f"{res['verdicts_s']:.1f} s = {res['total_s']:.1f} s, {res['ms_per_row']:.3f} ms/row "
+                  f"(other processes {100 * res['others_cpu']:.0f}% CPU)", flush=True)
+            return res, ws, env
+
+        if args.src:
+            old, old_ws, _ = one(args.src.resolve(), args.old_models, "old")
+            new_small, new_ws, _ = one(new_src, args.old_models, "new-small")
+            results["old"] = old
+            results["new_same_n"] = new_small
+            results["ratio_old_over_new_per_row"] = old["ms_per_row"] / new_small["ms_per_row"]
+            a, b = lake_rows(old_ws.home), lake_rows(new_ws.home)
+            results["same_rows_as_old"] = {t: a[t] == b[t] for t in a}
+            results["rows_compared"] = {t: len(a[t]) for t in a}
+            print(f"old/new per row at {args.old_models} models: {results['ratio_old_over_new_per_row']:.1f}x; "
+                  f"same lake rows: {results['same_rows_as_old']}", flush=True)
+        big, big_ws, big_env = one(new_src, args.models, "new")
+        results["new"] = big
+        results["under_60s"] = big["total_s"] < 60.0
+        results["refresh_s_full_lake"] = refresh_seconds(big_env)
+        print(f"catalog refresh on the {args.models}-model lake: {results['refresh_s_full_lake']:.1f} s (each command ends with one)")
+        if args.per_model:
+            small_ws, small_env = prepare(root / "small", tiny, new_src, prompts, eligible)
+            on_full = per_model_commands(big_ws, big_env, root / "single-full", prompts, args.per_model, "full")
+            on_small = per_model_commands(small_ws, small_env, root / "single-small", prompts, args.per_model, "small")
+            results["one_model_per_command"] = {
+                "full_lake": on_full, "small_lake": on_small,
+                "growth": (on_full["scores_s"] + on_full["verdicts_s"]) / (on_small["scores_s"] + on_small["verdicts_s"]),
+            }
+            print(f"one model per command: {on_full['scores_s']:.1f} + {on_full['verdicts_s']:.1f} s on the "
+                  f"{args.models}-model lake vs {on_small['scores_s']:.1f} + {on_small['verdicts_s']:.1f} s on a "
+                  f"3-model lake ({results['one_model_per_command']['growth']:.2f}x)", flush=True)
+    results["others_cpu_whole_run"] = meter.others()
+    if args.json:
+        print(json.dumps(results, indent=1, default=str))
+    else:
+        print(f"{args.models} models: {big['total_s']:.1f} s ({big['ms_per_row']:.3f} ms/row); "
+              f"other processes used {100 * results['others_cpu_whole_run']:.0f}% of the CPU over the run")
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    sys.exit(main())
