@@ -121,9 +121,9 @@ def run(work: Path, quick: bool, log, per_class: int | None = None, rounds: int 
                 parent_ms[w].append(1000 * parent_s / n)
                 others[w].append(meter.others(own_cpu_s=own))
                 if recorders[w].fed != n:
-                    raise AssertionError(f"(f) workers={w}: {recorders[w].fed} of {n} images reached the runner")
+                    raise AssertionError(f"(g) workers={w}: {recorders[w].fed} of {n} images reached the runner")
             log(
-                f"(f) round {r + 1}/{rounds}: "
+                f"(g) round {r + 1}/{rounds}: "
                 + ", ".join(
                     f"{w} worker(s) {ips[w][-1]:.1f} img/s, {cpu_ms[w][-1]:.1f} CPU-ms/img "
                     f"(parent {parent_ms[w][-1]:.1f}; others {others[w][-1]:.0%})"

@@ -9,6 +9,10 @@ a: HPSv3 preprocessing throughput, ours vs the official-style path (and an equal
 b: end-to-end `imagebench score` vs a one-image-at-a-time scoring loop
 c: peak memory with 10x more images (pipeline: `imagebench nightly`; scorer alone)
 e: nightly-flow overhead per image with 5/20/50 models, and Prefect tasks per run vs HPSv3 batches
+f: fixed cost of `imagebench score`: baseline tree (--baseline-src) vs now, cold and warm
+g: preprocessing throughput with 2 worker processes vs 1 (bit-identical outputs)
+h: importing 1,000 models' scores and verdicts through the CLI (baseline vs now at 100 models)
+i: a 10,000-model lake: leaderboard and per-category queries from plain duckdb, catalog refresh
 
 Every number is a ratio of two measurements taken in the same run; nothing here fails on a time.
 What each benchmark does: bench/README.md.
@@ -42,6 +46,9 @@ SECTIONS = {
     "c": "(c) Peak memory: 10x more images",
     "e": "(e) Nightly overhead with many models: time outside inference per image, Prefect tasks per run",
     "f": "(f) Start-up: the fixed cost of `imagebench score`, before and after the warm server",
+    "g": "(g) Preprocessing workers: 2 worker processes vs 1, same bytes",
+    "h": "(h) Importing 1,000 models' scores and verdicts",
+    "i": "(i) Analyst queries and the catalog refresh at 10,000 models",
 }
 NIGHTLY_SVG = "nightly-overhead.svg"  # (e)'s plot, written next to the results file
 _T0 = time.perf_counter()
@@ -275,6 +282,48 @@ def main(argv: list[str] | None = None) -> int:
                        f"| <= 0.25 | {info['date (UTC)'][:10]}, {mode} |")
             sections["f"] = section("f", bench_startup.markdown(res), stamp, summary)
             log(f"(f) done in {time.perf_counter() - t:.0f}s")
+        if "g" in only:
+            import bench_pool
+
+            t = time.perf_counter()
+            res = bench_pool.run(args.work / "pool", args.quick, log)
+            raw["g"] = res
+            summary = (f"| (g) preprocessing images/s, 2 workers / 1 worker | **{res['ratio_2_vs_1']:.2f}x** "
+                       f"(bit-identical: {res['bit_identical']}) | >= 1.7 | {info['date (UTC)'][:10]}, {mode} |")
+            sections["g"] = section("g", bench_pool.markdown(res), stamp, summary)
+            log(f"(g) done in {time.perf_counter() - t:.0f}s")
+
+        if "h" in only:
+            from types import SimpleNamespace
+
+            import bench_import
+
+            t = time.perf_counter()
+            res = bench_import.run(SimpleNamespace(
+                models=200 if args.quick else 1000, old_models=30 if args.quick else 100, src=args.baseline_src,
+                per_model=1 if args.quick else 3, workdir=args.work / "import"))
+            raw["h"] = res
+            new = res["new"]
+            before = f"; before / now per row {res['ratio_old_over_new_per_row']:.1f}x" if "old" in res else ""
+            summary = (f"| (h) import {new['models']:,} models' scores + verdicts (CLI) | **{new['total_s']:.0f} s**{before} "
+                       f"| < 60 s (was 1,120 s) | {info['date (UTC)'][:10]}, {mode} |")
+            sections["h"] = section("h", bench_import.markdown(res), stamp, summary)
+            log(f"(h) done in {time.perf_counter() - t:.0f}s")
+
+        if "i" in only:
+            import bench_lake
+
+            t = time.perf_counter()
+            res = bench_lake.run(2000 if args.quick else 10_000, args.work / "lake", os.cpu_count() or 2, 3)
+            raw["i"] = res
+            q = res["queries"]
+            worst_refresh = max(v["s"] for v in res["refresh_after_change"].values())
+            summary = (f"| (i) {res['models']:,}-model lake, plain duckdb: leaderboard / per-category query; refresh "
+                       f"after 50 changed | **{q['leaderboard']['new']['query_s']:.2f} s / {q['category']['new']['query_s']:.2f} s** "
+                       f"({q['leaderboard']['old_over_new']:.0f}x / {q['category']['old_over_new']:.0f}x faster than the old "
+                       f"layout); **{worst_refresh:.1f} s** | < 1 s each; < 5 s | {info['date (UTC)'][:10]}, {mode} |")
+            sections["i"] = section("i", bench_lake.markdown(res), stamp, summary)
+            log(f"(i) done in {time.perf_counter() - t:.0f}s")
     finally:
         if not args.keep:
             shutil.rmtree(args.work, ignore_errors=True)

@@ -102,7 +102,8 @@ def _gens(parent: Path) -> list[int]:
     return sorted(out)
 
 
-def _fsync_dir(path: Path) -> None:
+def fsync_dir(path: Path) -> None:
+    """Make a rename in ``path`` durable (the lake's writers use this too)."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -127,7 +128,9 @@ def _gens_lock(root: Path, exclusive: bool):
     return _flock(root / COMPACT_DIR / ".gens.lock", exclusive)
 
 
-def _write_file(table: pa.Table, final: Path, fsync: bool = True) -> None:
+def write_parquet_file(table: pa.Table, final: Path, fsync: bool = True) -> None:
+    """Temp file in the same directory (never named *.parquet), fsync, ``os.replace``: readers
+    see the old file or the new one, never a part (the lake's writers use this too)."""
     tmp = final.parent / f".{final.name}.{uuid.uuid4().hex}.tmp"
     try:
         pq.write_table(table, tmp, compression=COMPRESSION)
@@ -315,7 +318,7 @@ class Compaction:
             for table, schema in self.tables.items():
                 fdir = fresh_dir(self.root, table, self.gen)
                 fdir.mkdir(parents=True, exist_ok=True)
-                _write_file(_empty(schema.append(pa.field(TOMBSTONE, pa.bool_()))), fdir / SCHEMA_NAME, fsync=False)
+                write_parquet_file(_empty(schema.append(pa.field(TOMBSTONE, pa.bool_()))), fdir / SCHEMA_NAME, fsync=False)
 
     def build(self) -> None:
         if _test_hook is not None:
@@ -338,7 +341,7 @@ class Compaction:
         except (pa.ArrowException, OSError):
             ok = False
         if not ok:
-            _write_file(_empty(schema), sfile)
+            write_parquet_file(_empty(schema), sfile)
         nb = buckets_of(table)
         tstate = self.state["tables"].get(table) if self.state else None
         if tstate is not None and (tstate.get("schema") != fp or tstate.get("buckets") != nb):
@@ -383,13 +386,13 @@ class Compaction:
             parts = [p for p in parts if p.num_rows]
             if not parts:
                 return
-            _write_file(pa.concat_tables(parts).sort_by("model_id"), bucket_file(self.root, table, b, self.gen))
+            write_parquet_file(pa.concat_tables(parts).sort_by("model_id"), bucket_file(self.root, table, b, self.gen))
             new_files[b] = self.gen
 
         with ThreadPoolExecutor(_THREADS) as pool:
             list(pool.map(one, sorted(dirty)))
         if dirty:
-            _fsync_dir(tdir)
+            fsync_dir(tdir)
         self.new_tables[table] = {"schema": fp, "buckets": nb, "files": {str(b): g for b, g in sorted(new_files.items())},
                                   "models": now}
         self.rewritten[table] = sorted(b for b, g in new_files.items() if g == self.gen)

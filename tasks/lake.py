@@ -114,30 +114,13 @@ CORRUPT_DIR = "_corrupt"  # <lake>/_corrupt/<table>/model_id=<id>/<stamp>.parque
 _RUN_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+_fsync_dir = compact.fsync_dir
 
 
 def _atomic_write_parquet(table: pa.Table, final: Path) -> None:
     """Temp file in the same directory (never named *.parquet), fsync, os.replace, fsync dir."""
     final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = final.parent / f".{final.name}.{uuid.uuid4().hex}.tmp"
-    try:
-        pq.write_table(table, tmp, compression=COMPRESSION)
-        fd = os.open(tmp, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, final)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            tmp.unlink()
-        raise
+    compact.write_parquet_file(table, final)
     _fsync_dir(final.parent)
 
 

@@ -22,8 +22,13 @@ REPO = Path(__file__).resolve().parents[2]
 LAUNCH = [sys.executable, "-m", "flows.launch"]
 
 
+# Set in this process by earlier in-process commands (flows/env.py): a spawned command must pick
+# its own from its workspace, as on a terminal.
+_LEAKED = ("PREFECT_HOME", "PREFECT_API_URL")
+
+
 def _env(home: Path, **extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("IMAGEBENCH_")}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("IMAGEBENCH_") and k not in _LEAKED}
     env.update({"IMAGEBENCH_HOME": str(home), "IMAGEBENCH_WARM": "auto", "IMAGEBENCH_WARM_IDLE_S": "120",
                 "IMAGEBENCH_REFERENCE_DIR": str(home / "reference"), "COLUMNS": "200", **extra})
     return env
@@ -146,15 +151,14 @@ def test_warm_off_means_cold(value, monkeypatch):
 def test_prefect_settings_follow_the_workspace_when_prefect_was_imported_first(tmp_path, monkeypatch):
     """A warm child imported Prefect before its command set PREFECT_HOME: the settings are read again."""
     import prefect.context
-    from prefect.settings import get_current_settings
 
     from flows.env import prepare_prefect_env
 
     monkeypatch.delenv("PREFECT_HOME", raising=False)
     monkeypatch.delenv("PREFECT_API_URL", raising=False)
     prepare_prefect_env(tmp_path / "home")
-    try:
-        assert Path(get_current_settings().home) == (tmp_path / "home" / "prefect").resolve()
+    try:  # the process-wide settings (a test harness may have its own on top: not what a command sees)
+        assert Path(prefect.context.GLOBAL_SETTINGS_CONTEXT.settings.home) == (tmp_path / "home" / "prefect").resolve()
     finally:
         monkeypatch.undo()
         prefect.context.refresh_global_settings_context()
@@ -173,7 +177,7 @@ def test_warm_score_equals_cold_and_reuses_one_prefect_api(built_reference, tmp_
     prompts = eligible_ids()[:12]
     for model in ("cold", "warm-1", "warm-2"):
         put_model(objects, model, prompts, seed=5)  # the same bytes: the same mu
-    env = {**os.environ, "IMAGEBENCH_WARM": "auto", "IMAGEBENCH_WARM_IDLE_S": "120",
+    env = {**{k: v for k, v in os.environ.items() if k not in _LEAKED}, "IMAGEBENCH_WARM": "auto", "IMAGEBENCH_WARM_IDLE_S": "120",
            "IMAGEBENCH_TESSERACT": str(tmp_path / "no-tesseract"), "COLUMNS": "200"}
     try:
         cold = _run(["score", "--model", "cold"], {**env, "IMAGEBENCH_WARM": "off"})
