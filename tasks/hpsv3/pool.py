@@ -96,7 +96,8 @@ class _WorkerState:
 _worker = _WorkerState()
 
 
-def _init_worker(tokenizer_backend: Any, slot_file: str, slot_bytes: int, slots_per_worker: int, free: Any, counter: Any) -> None:
+def _init_worker(tokenizer_backend: Any, slot_file: str, slot_bytes: int, slots_per_worker: int, free: Any, counter: Any,
+                 parent_pid: int) -> None:
     # Ctrl-C is the parent's to handle. The worker was started with SIGINT blocked (see
     # PreparePool._start), so a Ctrl-C during its start-up is discarded here, not raised.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -105,7 +106,9 @@ def _init_worker(tokenizer_backend: Any, slot_file: str, slot_bytes: int, slots_
         index = counter.value
         counter.value += 1
     _worker.tokenizer = tokenizer_backend
-    _worker.parent_pid = os.getppid()
+    # The pid the pool was made in, not os.getppid(): a parent that died before this worker got
+    # here has already been replaced by a reaper, and this worker would wait for that one forever.
+    _worker.parent_pid = parent_pid
     threading.Thread(
         target=_exit_with_parent, args=(_worker.parent_pid, os.path.dirname(slot_file)), daemon=True
     ).start()
@@ -289,7 +292,7 @@ class PreparePool:
                 max_workers=workers,
                 mp_context=ctx,
                 initializer=_init_worker,
-                initargs=(tokenizer_backend, self._slots.path, per_slot, SLOTS_PER_WORKER, self._slots.free, ctx.Value("i", 0)),
+                initargs=(tokenizer_backend, self._slots.path, per_slot, SLOTS_PER_WORKER, self._slots.free, ctx.Value("i", 0), os.getpid()),
             )
         except BaseException:
             shutil.rmtree(self._shm_dir, ignore_errors=True)
