@@ -170,7 +170,10 @@ class NextItem:
 
 class SqlStore:
     """One study's rows in a panel database (the Beauty Index's and VAB's share the mechanics):
-    an engine from :func:`open_engine` and write transactions that name a failure."""
+    an engine from :func:`open_engine`, write transactions that name a failure, and the browser
+    sessions of ``SESSIONS`` (a table with session_sha256, study_id, role, label, created_at)."""
+
+    SESSIONS: Table  # each protocol's sessions table
 
     def __init__(self, engine: Engine, study_id: str):
         self.engine = engine
@@ -187,9 +190,29 @@ class SqlStore:
         except OperationalError as exc:  # locked past the busy timeout, disk full, server gone
             raise StoreUnavailable(f"the panel database could not record this ({exc.orig}); nothing was saved, try again") from exc
 
+    def new_session(self, role: str, label: str | None) -> str:
+        """A new browser session: the secret goes into the cookie, only its hash into the table."""
+        secret = new_token()
+        with self._tx() as c:
+            c.execute(self.SESSIONS.insert().values(session_sha256=sha256_hex(secret), study_id=self.study_id, role=role,
+                                                    label=label, created_at=now_us()))
+        return secret
+
+    def session(self, secret: str | None) -> tuple[str, str | None] | None:
+        """(role, label) of the session whose secret this is, or None."""
+        if not secret or len(secret) > 128:
+            return None
+        t = self.SESSIONS
+        with self._tx() as c:
+            row = c.execute(select(t.c.role, t.c.label).where(
+                t.c.session_sha256 == sha256_hex(secret), t.c.study_id == self.study_id)).first()
+        return (row[0], row[1]) if row else None
+
 
 class PanelStore(SqlStore):
     """One study's rows in a panel database. Open with :meth:`open`."""
+
+    SESSIONS = sessions
 
     # ---- opening ----------------------------------------------------------------------------
     @classmethod
@@ -259,21 +282,6 @@ class PanelStore(SqlStore):
         with self._tx() as c:
             got = c.execute(select(studies.c.admin_token_sha256).where(studies.c.study_id == self.study_id)).scalar()
         return got is not None and secrets.compare_digest(got, sha256_hex(token))
-
-    def new_session(self, role: str, label: str | None) -> str:
-        secret = new_token()
-        with self._tx() as c:
-            c.execute(sessions.insert().values(session_sha256=sha256_hex(secret), study_id=self.study_id, role=role,
-                                               label=label, created_at=now_us()))
-        return secret
-
-    def session(self, secret: str | None) -> tuple[str, str | None] | None:
-        if not secret or len(secret) > 128:
-            return None
-        with self._tx() as c:
-            row = c.execute(select(sessions.c.role, sessions.c.label).where(
-                sessions.c.session_sha256 == sha256_hex(secret), sessions.c.study_id == self.study_id)).first()
-        return (row[0], row[1]) if row else None
 
     # ---- a judge's queue ------------------------------------------------------------------
     def queue_of(self, label: str) -> list[str]:

@@ -32,7 +32,6 @@ from tasks.panel.store import (
     from_us,
     SqlStore,
     open_engine,
-    new_token,
     now_us,
     sha256_hex,
     to_us,
@@ -131,6 +130,8 @@ def parse_order(text: str) -> tuple[int, ...]:
 class VabPanelStore(SqlStore):
     """One VAB study's rows in a panel database."""
 
+    SESSIONS = vsessions
+
     @classmethod
     def open(cls, study_dir: str | os.PathLike[str], study_id: str, database: str | None = None,
              busy_timeout_s: float = 10.0) -> "VabPanelStore":
@@ -186,21 +187,6 @@ class VabPanelStore(SqlStore):
     def is_admin_token(self, token: str) -> bool:
         row = self.study_row()
         return row is not None and secrets.compare_digest(row["admin_token_sha256"], sha256_hex(token))
-
-    def new_session(self, role: str, label: str | None) -> str:
-        secret = new_token()
-        with self._tx() as c:
-            c.execute(vsessions.insert().values(session_sha256=sha256_hex(secret), study_id=self.study_id, role=role,
-                                                label=label, created_at=now_us()))
-        return secret
-
-    def session(self, secret: str | None) -> tuple[str, str | None] | None:
-        if not secret or len(secret) > 128:
-            return None
-        with self._tx() as c:
-            row = c.execute(select(vsessions.c.role, vsessions.c.label).where(
-                vsessions.c.session_sha256 == sha256_hex(secret), vsessions.c.study_id == self.study_id)).first()
-        return (row[0], row[1]) if row else None
 
     # ---- queue and answers -------------------------------------------------------------------
     def _image_ids(self, c, task_id: str, order: Sequence[int]) -> tuple[str, ...]:
