@@ -145,17 +145,11 @@ def recv_json(sock: socket.socket, buf: bytearray, want_fds: int = 0) -> tuple[d
 
 
 def _ask(path: Path, op: str, timeout: float = 5.0) -> dict | None:
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    sock.settimeout(timeout)
+    """The server's reply to ``op``; None when no server answers there."""
     try:
-        sock.connect(str(path))
-        send_json(sock, {"op": op})
-        reply, _ = recv_json(sock, bytearray())
-        return reply
+        return _request(path, {"op": op}, timeout)
     except (OSError, ValueError):
         return None
-    finally:
-        sock.close()
 
 
 def servers() -> list[dict]:
