@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed-stamp
 export PREFECT_SERVER_ANALYTICS_ENABLED := false
 export GX_ANALYTICS_ENABLED := false
 
-.PHONY: setup system-deps demo test serve bench clean-demo
+.PHONY: setup system-deps demo test test-numeric-avx2 serve bench clean-demo
 
 # Debian packages the pipeline and its tests use: Tesseract (the offline OCR judge) and Chromium
 # with its driver (the report's browser tests). Installed when missing and we are root.
@@ -42,6 +42,12 @@ demo: setup
 
 test: setup
 	$(VENV)/bin/pytest -q
+
+# The tests that compare numbers produced by torch, again on the kernels every x86-64 CPU has and one
+# thread (.ci/run): a test that only holds on the developer's CPU (MKL picks AMX, AVX-512 or AVX2 by
+# itself) fails here before it lands.
+test-numeric-avx2: setup
+	MKL_ENABLE_INSTRUCTIONS=AVX2 OMP_NUM_THREADS=1 $(VENV)/bin/pytest -q -m numeric
 
 # Production mode: a real Prefect server on 127.0.0.1 (port IMAGEBENCH_PREFECT_PORT, default 4200) + the nightly and
 # backfill deployments served against it; Ctrl-C stops both (docs/OPERATIONS.md).

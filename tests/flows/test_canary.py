@@ -10,7 +10,7 @@ import pytest
 
 from tests.flows.conftest import eligible_ids, put_model
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.numeric]
 
 
 def _last_run(settings) -> dict:

@@ -88,6 +88,7 @@ def _kill_when(proc: subprocess.Popen, ready, timeout: float = 300) -> bool:
     raise AssertionError("the kill point was never reached: " + proc.log_path.read_text()[-3000:])
 
 
+@pytest.mark.numeric
 def test_sigkill_mid_batch_then_resume_ends_with_the_same_lake(built_reference, tiny_model, tmp_path, monkeypatch):
     """A real SIGKILL of the whole process group at a moment chosen by the clock, not by the code
     (the chain test below kills resumed runs at each exact step)."""
@@ -381,6 +382,7 @@ def _crash_run(home: Path, model: str, needle: str | None = None, when: str = "a
     return subprocess.CompletedProcess(proc.args, proc.returncode, proc.log_path.read_text(errors="replace"))
 
 
+@pytest.mark.numeric
 def test_killed_at_every_kind_of_write_then_resumed_ends_with_the_same_lake(
     built_reference, tiny_model, tmp_path, monkeypatch
 ):

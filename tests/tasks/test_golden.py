@@ -27,6 +27,8 @@ from tasks.reference import ReferenceTampered
 REPO = Path(__file__).resolve().parents[2]
 SHIPPED = REPO / "reference"
 
+pytestmark = pytest.mark.numeric  # compares torch numbers: run again under AVX2 MKL + 1 thread (.ci/run)
+
 
 def _runtime(**kw) -> ScorerRuntime:
     base = dict(torch_version="2.13.0", transformers_version="5.24.0", device="cpu", dtype="float32",

@@ -42,7 +42,9 @@ def score_cases(base: str, checkpoint: str, runs: list[tuple[str, str]], batches
 
     images = [Image.open(io.BytesIO(png)) for png, _ in parity_cases()]  # decoded from the same PNG bytes
     prompts = [prompt for _, prompt in parity_cases()]
-    out: dict = {"cpu_capability": torch.backends.cpu.get_cpu_capability(), "mu_sigma": {}}
+    from tasks.hpsv3.cpu import cpu_facts
+
+    out: dict = {"cpu_capability": torch.backends.cpu.get_cpu_capability(), "machine": cpu_facts(), "mu_sigma": {}}
     for dtype, rotary in runs:
         scorer = HPSv3Scorer.load(base, checkpoint, device="cpu", dtype=dtype, rotary=rotary, uncalibrated=True)
         out["attention_impl"] = scorer.loaded.attention_impl

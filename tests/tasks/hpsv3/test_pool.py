@@ -128,6 +128,7 @@ def test_pool_feeds_the_model_exactly_what_the_single_thread_path_does(
     _assert_all_slots_free(pooled._pool)
 
 
+@pytest.mark.numeric
 def test_mu_is_bit_identical_for_0_1_and_2_workers(scorer, pooled, pooled_parent_tokenises, mixed_images, prompts_for):
     prompts = prompts_for(len(mixed_images))
     in_thread = scorer.score(mixed_images, prompts, batch_size=4)  # CPU default: 0 workers
