@@ -33,10 +33,12 @@ DEFAULT_GOLDEN_SET = "golden-v1"
 # - float32: the same images in other forward batches move mu by <= 3e-7 and thread counts by 0
 #   (tests/tasks/hpsv3/test_numerics.py); the float32 rotary mode, the smallest real arithmetic
 #   change we know of, moves it by ~7e-4. 1e-4 is ~300x the noise and 7x under that change.
-# - bfloat16: the official code itself moves by up to 3.9e-3 between batch 1 and batch 6, and
-#   by 3.3e-3 between two SDPA call shapes on CPU; 2e-2 is 5x the largest of these. A bf16
-#   runtime cannot see changes as small as the rotary mode: use float32 to check those.
-TOLERANCE_BY_DTYPE = {"float32": 1e-4, "bfloat16": 2e-2, "float16": 2e-2}
+# - bfloat16: the CPU's kernels move it across machines: oneDNN's instruction set by 8.5e-3 on
+#   the golden set (bench/bench_kernel_spread.py), MKL's by up to 7.3e-3 in the official code; a
+#   machine that differs in both can add them (1.6e-2). 3e-2 covers that sum 1.9x and the largest
+#   single spread 3.5x, so moving a reference to another CPU is not refused for its kernels. A
+#   bf16 runtime cannot see changes as small as the rotary mode: use float32 to check those.
+TOLERANCE_BY_DTYPE = {"float32": 1e-4, "bfloat16": 3e-2, "float16": 3e-2}
 
 
 class CanaryDrift(ReferenceError):
