@@ -243,7 +243,9 @@ class PanelStore(SqlStore):
             folder = Path(text)
             study_id = study_id or folder.name
             url = database or os.environ.get(PANEL_DATABASE_ENV) or f"sqlite:///{folder / PANEL_DB_NAME}"
-        return cls(open_engine(url, metadata, busy_timeout_s), study_id)
+        engine = open_engine(url, metadata, busy_timeout_s)
+        add_missing_columns(engine, metadata)
+        return cls(engine, study_id)
 
     # ---- study lifecycle ------------------------------------------------------------------
     def exists(self) -> bool:
@@ -481,6 +483,27 @@ def answer_quality(image_served_at: int | None, answered_at: int) -> dict:
     before the answer, and the seconds from then to the answer (its time on screen)."""
     loaded = image_served_at is not None and image_served_at <= answered_at
     return {"image_loaded": loaded, "seconds_on_screen": (answered_at - image_served_at) / 1e6 if loaded else None}
+
+
+def add_missing_columns(engine: Engine, tables: MetaData) -> list[str]:
+    """Add the nullable columns a newer version declares to tables an older one created (a study
+    opened before QC columns existed keeps running: its older answers read as "no evidence").
+    Returns ``table.column`` for each column added."""
+    from sqlalchemy import inspect
+
+    insp = inspect(engine)
+    added = []
+    for table in tables.sorted_tables:
+        if not insp.has_table(table.name):
+            continue
+        have = {c["name"] for c in insp.get_columns(table.name)}
+        for col in table.columns:
+            if col.name not in have and col.nullable and not col.primary_key:
+                kind = col.type.compile(dialect=engine.dialect)
+                with engine.begin() as c:
+                    c.exec_driver_sql(f'ALTER TABLE "{table.name}" ADD COLUMN "{col.name}" {kind}')
+                added.append(f"{table.name}.{col.name}")
+    return added
 
 
 def open_engine(url: str, tables: MetaData, busy_timeout_s: float = 10.0) -> Engine:

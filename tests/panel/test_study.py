@@ -222,3 +222,30 @@ def test_open_refuses_when_blinding_leaves_a_tool_recognisable(tmp_path, monkeyp
     d = tmp_path / "studies" / "leaky"
     assert not (d / "preregistration.json").exists() and not (d / "images").exists()
     assert not PanelStore.open(d).exists()
+
+
+def test_a_panel_database_from_before_the_qc_columns_is_upgraded_in_place(tmp_path):
+    """A study opened by an earlier version (no image_served_at columns) keeps working: the
+    columns are added, its earlier answers read as 'no QC evidence'."""
+    db = tmp_path / "old" / "panel.sqlite"
+    db.parent.mkdir()
+    con = sqlite3.connect(db)
+    con.executescript("""
+      CREATE TABLE panel_queue (study_id VARCHAR(64) NOT NULL, label VARCHAR(64) NOT NULL, position INTEGER NOT NULL,
+        image_id VARCHAR(64) NOT NULL, shown_at BIGINT, PRIMARY KEY (study_id, label, position));
+      CREATE TABLE panel_answers (study_id VARCHAR(64) NOT NULL, label VARCHAR(64) NOT NULL, position INTEGER NOT NULL,
+        image_id VARCHAR(64) NOT NULL, answer BOOLEAN NOT NULL, shown_at BIGINT NOT NULL, answered_at BIGINT NOT NULL,
+        memo_id VARCHAR(64), PRIMARY KEY (study_id, label, position));
+      INSERT INTO panel_answers VALUES ('old', 'j1', 0, 'img0000000', 1, 1, 2, NULL);""")
+    con.commit()
+    con.close()
+    store = PanelStore.open(db.parent)
+    try:
+        cols = {r[1] for r in sqlite3.connect(db).execute("PRAGMA table_info(panel_answers)")}
+        assert "image_served_at" in cols
+        assert "image_served_at" in {r[1] for r in sqlite3.connect(db).execute("PRAGMA table_info(panel_queue)")}
+        from tasks.panel.store import add_missing_columns, metadata
+
+        assert add_missing_columns(store.engine, metadata) == []  # once is enough
+    finally:
+        store.dispose()
