@@ -280,7 +280,7 @@ def create_app(settings, study_id: str, public_url: str | None = None) -> FastAP
         try:
             audio = await run_in_threadpool(check_memo, bytes(data), media_type, MEMO_MAX_SECONDS)
         except MemoRejected as exc:
-            return JSONResponse({"error": str(exc)}, status_code=415 if "longer than" not in str(exc) else 413)
+            return JSONResponse({"error": str(exc)}, status_code=exc.status)
         ext = audio.extension
         memo_id = opaque_id()
         key = memo_key(study_id, memo_id, ext)

@@ -26,7 +26,13 @@ DURATION_SLACK_S = 0.25
 
 
 class MemoRejected(ValueError):
-    """The upload is not an acceptable memo (one line, names why)."""
+    """The upload is not an acceptable memo (one line, names why); ``status``: the HTTP answer."""
+
+    status = 415
+
+
+class MemoTooLong(MemoRejected):
+    status = 413
 
 
 @dataclass(frozen=True)
@@ -91,7 +97,7 @@ def check_memo(data: bytes, media_type: str, max_seconds: float) -> MemoAudio:
                     rate = frame.sample_rate or rate
                     samples += frame.samples
                     if rate and samples / rate > limit:
-                        raise MemoRejected(f"the memo is longer than {max_seconds:g} seconds")
+                        raise MemoTooLong(f"the memo is longer than {max_seconds:g} seconds")
     except av.FFmpegError as exc:
         raise MemoRejected(f"the memo is not {media_type} audio ({exc.strerror or type(exc).__name__})") from None
     if not rate or samples == 0:
