@@ -38,7 +38,7 @@ from sqlalchemy import (
     select,
 )
 from sqlalchemy.engine import Engine
-from sqlalchemy.exc import IntegrityError, OperationalError
+from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
 
 from schemas.study import STUDY_ANSWERS, salted_judge_id
 
@@ -500,8 +500,13 @@ def add_missing_columns(engine: Engine, tables: MetaData) -> list[str]:
         for col in table.columns:
             if col.name not in have and col.nullable and not col.primary_key:
                 kind = col.type.compile(dialect=engine.dialect)
-                with engine.begin() as c:
-                    c.exec_driver_sql(f'ALTER TABLE "{table.name}" ADD COLUMN "{col.name}" {kind}')
+                try:
+                    with engine.begin() as c:
+                        c.exec_driver_sql(f'ALTER TABLE "{table.name}" ADD COLUMN "{col.name}" {kind}')
+                except DBAPIError:  # another server added it at the same moment: fine if it is there now
+                    if col.name not in {c["name"] for c in inspect(engine).get_columns(table.name)}:
+                        raise
+                    continue
                 added.append(f"{table.name}.{col.name}")
     return added
 
