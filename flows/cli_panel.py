@@ -18,7 +18,7 @@ def panel_serve(
     study_id: Annotated[str, typer.Argument(metavar="STUDY")],
     host: Annotated[str, typer.Option(help="interface to listen on (loopback by default)")] = "127.0.0.1",
     port: Annotated[int, typer.Option(min=1, max=65535)] = 8765,
-    url: Annotated[Optional[str], typer.Option(help="the public URL judges reach (default: the panel_url setting); https makes the session cookies Secure")] = None,
+    url: Annotated[Optional[str], typer.Option(help="the public URL judges reach (default: the panel_url setting, else the URL given at study open); https makes the session cookies Secure")] = None,
 ) -> None:
     """Serve STUDY's panel until Ctrl-C (judges open the links `study open` printed)."""
     import flows.cli as cli

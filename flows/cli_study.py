@@ -52,9 +52,12 @@ def study_open(
     with cli._user_errors():
         from tasks.beauty.study import open_study
 
+        from tasks.beauty.study import remember_panel_url
+
         settings = cli._settings()
         opened = open_study(settings, study_id)
         base = (url or settings.panel_url or DEFAULT_URL).rstrip("/")
+        remember_panel_url(settings, study_id, base)  # `panel serve` and `relink` use it (https: Secure cookies)
         for line in opened.blinding_report:
             cli.err.print(line, highlight=False, soft_wrap=True, markup=False)
         cli.err.print(f"[green]study {study_id} open[/]: {opened.n_images} blinded images, pre-registration "
@@ -100,16 +103,16 @@ def study_close(study_id: Annotated[str, typer.Argument(metavar="STUDY")]) -> No
 def study_relink(
     study_id: Annotated[str, typer.Argument(metavar="STUDY")],
     judge: Annotated[str, typer.Option("--judge", help="the judge's label (study.yaml) whose link was lost")],
-    url: Annotated[Optional[str], typer.Option(help=f"the panel's public base URL (default: the panel_url setting, else {DEFAULT_URL})")] = None,
+    url: Annotated[Optional[str], typer.Option(help="the panel's public base URL (default: the panel_url setting, else the URL given at open)")] = None,
 ) -> None:
     """Issue a new link for one judge (shown once); the old link and the judge's sessions stop working."""
     cli = _cli()
     with cli._user_errors():
-        from tasks.beauty.study import relink_judge
+        from tasks.beauty.study import panel_url_of, relink_judge
 
         settings = cli._settings()
         token = relink_judge(settings, study_id, judge)
-        base = (url or settings.panel_url or DEFAULT_URL).rstrip("/")
+        base = (url or panel_url_of(settings, study_id) or DEFAULT_URL).rstrip("/")
         cli.err.print(f"[green]new link for judge {judge}[/] (shown ONCE; the old link no longer works):", highlight=False)
         typer.echo(f"judge {judge}: {base}/j/{token}")
 

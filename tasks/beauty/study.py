@@ -344,6 +344,23 @@ def close_study(settings, study_id: str) -> bool:
         store.dispose()
 
 
+PANEL_URL_FILE = "panel-url"  # the public URL given at open: the panel's cookies are Secure when it is https
+
+
+def remember_panel_url(settings, study_id: str, url: str) -> None:
+    (study_dir(settings, study_id) / PANEL_URL_FILE).write_text(url.rstrip("/") + "\n", encoding="utf-8")
+
+
+def panel_url_of(settings, study_id: str) -> str | None:
+    """The study's public URL: the ``panel_url`` setting, else the one given at ``study open``."""
+    if getattr(settings, "panel_url", None):
+        return settings.panel_url
+    path = study_dir(settings, study_id) / PANEL_URL_FILE
+    if not path.is_file():
+        return None
+    return path.read_text(encoding="utf-8").strip() or None
+
+
 def relink_judge(settings, study_id: str, label: str) -> str:
     """A new link for judge ``label`` of an open study (the old one dies, with the judge's
     sessions). Returns the token: shown once, stored hashed."""

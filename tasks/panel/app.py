@@ -128,9 +128,9 @@ rec.addEventListener('click',function(){
 
 
 def create_app(settings, study_id: str, public_url: str | None = None) -> FastAPI:
-    """The ASGI app of one open study. ``public_url`` (default the ``panel_url`` setting): the
-    address judges reach it at; https makes the session cookies ``Secure``."""
-    from tasks.beauty.study import load_study, memo_key, open_panel_store
+    """The ASGI app of one open study. ``public_url`` (default: the ``panel_url`` setting, else the
+    URL given at ``study open``): the address judges reach; https makes the cookies ``Secure``."""
+    from tasks.beauty.study import load_study, memo_key, open_panel_store, panel_url_of
     from tasks.work import open_configured_store
 
     definition, prereg, d = load_study(settings, study_id)
@@ -140,7 +140,7 @@ def create_app(settings, study_id: str, public_url: str | None = None) -> FastAP
     if not store.exists():
         raise PanelError(f"study {study_id} has no panel rows (imagebench study open {study_id})")
     images_dir = Path(d) / "images"
-    public_url = public_url or getattr(settings, "panel_url", None) or ""
+    public_url = public_url or panel_url_of(settings, study_id) or ""
     secure = public_url.lower().startswith("https://")
     session_s = float(getattr(settings, "panel_session_days", 28.0)) * 86400
     @asynccontextmanager

@@ -44,6 +44,29 @@ def test_cookie_per_role_lax_expiring_secure_on_https(panel_settings, panel_stud
             assert c.get("/judge").status_code == 200 and c.get("/admin").status_code == 200
 
 
+def test_https_url_given_at_open_makes_the_served_cookies_secure(tmp_path, monkeypatch):
+    """`study open --url https://...` is remembered: `panel serve` without --url sets Secure."""
+    from typer.testing import CliRunner
+
+    from flows.cli import app
+    from tests.panel.conftest import make_settings, write_study
+
+    for tool in TOOLS:
+        write_tool_images(tmp_path / "objects", tool, beauty_prompt_ids())
+    for key, value in {"IMAGEBENCH_HOME": str(tmp_path), "IMAGEBENCH_REFERENCE_DIR": str(REPO / "reference"),
+                       "IMAGEBENCH_STORE": str(tmp_path / "objects")}.items():
+        monkeypatch.setenv(key, value)
+    settings = make_settings(tmp_path)
+    write_study(settings, "tls", [("j1", "photographers")], memo=False)
+    r = CliRunner().invoke(app, ["study", "open", "tls", "--url", "https://panel.example.org/"])
+    assert r.exit_code == 0, r.output
+    token = next(x for x in r.stdout.splitlines() if x.startswith("judge j1: ")).rsplit("/", 1)[1]
+    with serve(settings, "tls") as s, _client(s.url) as c:
+        assert "secure" in _set_cookie(c.get(f"/j/{token}"))
+    r = CliRunner().invoke(app, ["study", "relink", "tls", "--judge", "j1"])
+    assert r.exit_code == 0 and "judge j1: https://panel.example.org/j/" in r.stdout
+
+
 def test_same_link_twice_keeps_one_session_and_sessions_expire(panel_study, panel_server):
     token = panel_study.tokens["a00"]
     with _client(panel_server.url) as first, _client(panel_server.url) as second:
