@@ -121,7 +121,9 @@ rec.addEventListener('click',function(){
         .catch(function(err){ state.textContent='Memo not saved: '+err.message; })
         .finally(function(){ pending=false; }); };
     mr.start(); rec.textContent='Stop'; state.textContent='Recording (up to '+(maxMs/1000)+' s)...';
-    timer=setTimeout(function(){ if(mr.state==='recording') mr.stop(); }, maxMs);
+    // Stop a little before the limit: a late timer or the encoder's last frame must not push a
+    // full-length memo past the server's decoded-duration check (tasks/panel/memo_audio.py).
+    timer=setTimeout(function(){ if(mr.state==='recording') mr.stop(); }, maxMs-300);
   }).catch(function(err){ state.textContent='No microphone: '+err.message; });
 });
 })();"""
