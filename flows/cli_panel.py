@@ -6,7 +6,7 @@ access log is off; the app's own request log redacts the link tokens.
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Optional
 
 import typer
 
@@ -18,6 +18,7 @@ def panel_serve(
     study_id: Annotated[str, typer.Argument(metavar="STUDY")],
     host: Annotated[str, typer.Option(help="interface to listen on (loopback by default)")] = "127.0.0.1",
     port: Annotated[int, typer.Option(min=1, max=65535)] = 8765,
+    url: Annotated[Optional[str], typer.Option(help="the public URL judges reach (default: the panel_url setting, else the URL given at study open); https makes the session cookies Secure")] = None,
 ) -> None:
     """Serve STUDY's panel until Ctrl-C (judges open the links `study open` printed)."""
     import flows.cli as cli
@@ -33,6 +34,6 @@ def panel_serve(
         panel_log = logging.getLogger("imagebench.panel")
         panel_log.addHandler(handler)
         panel_log.setLevel(logging.INFO)
-        app = create_app(cli._settings(), study_id)
+        app = create_app(cli._settings(), study_id, public_url=url)
         cli.err.print(f"panel of study {study_id} on http://{host}:{port}/ (Ctrl-C stops it)", highlight=False)
         make_server(app, host, port).run()

@@ -44,7 +44,7 @@ def study_init(
 @study_app.command("open")
 def study_open(
     study_id: Annotated[str, typer.Argument(metavar="STUDY")],
-    url: Annotated[str, typer.Option(help="the panel's public base URL, for the printed links")] = DEFAULT_URL,
+    url: Annotated[Optional[str], typer.Option(help=f"the panel's public base URL, for the printed links (default: the panel_url setting, else {DEFAULT_URL})")] = None,
 ) -> None:
     """Ingest and blind every tool's images, write the pre-registration once, draw each judge's
     order and print the judges' and the admin's links (shown once: only their hashes are kept)."""
@@ -52,8 +52,14 @@ def study_open(
     with cli._user_errors():
         from tasks.beauty.study import open_study
 
-        opened = open_study(cli._settings(), study_id)
-        base = url.rstrip("/")
+        from tasks.beauty.study import remember_panel_url
+
+        settings = cli._settings()
+        opened = open_study(settings, study_id)
+        base = (url or settings.panel_url or DEFAULT_URL).rstrip("/")
+        remember_panel_url(settings, study_id, base)  # `panel serve` and `relink` use it (https: Secure cookies)
+        for line in opened.blinding_report:
+            cli.err.print(line, highlight=False, soft_wrap=True, markup=False)
         cli.err.print(f"[green]study {study_id} open[/]: {opened.n_images} blinded images, pre-registration "
                       f"{opened.study_dir / 'preregistration.json'} (order seed {opened.preregistration.order_seed}). "
                       "Links below are shown ONCE (only their sha256 is stored): send each judge theirs.",
@@ -93,13 +99,26 @@ def study_close(study_id: Annotated[str, typer.Argument(metavar="STUDY")]) -> No
         cli.err.print(f"study {study_id} {'closed' if closed else 'was already closed'}", highlight=False)
 
 
+@study_app.command("relink")
+def study_relink(
+    study_id: Annotated[str, typer.Argument(metavar="STUDY")],
+    judge: Annotated[str, typer.Option("--judge", help="the judge's label (study.yaml) whose link was lost")],
+    url: Annotated[Optional[str], typer.Option(help="the panel's public base URL (default: the panel_url setting, else the URL given at open)")] = None,
+) -> None:
+    """Issue a new link for one judge (shown once); the old link and the judge's sessions stop working."""
+    cli = _cli()
+    with cli._user_errors():
+        from tasks.beauty.study import panel_url_of, relink_judge
+
+        settings = cli._settings()
+        token = relink_judge(settings, study_id, judge)
+        base = (url or panel_url_of(settings, study_id) or DEFAULT_URL).rstrip("/")
+        cli.err.print(f"[green]new link for judge {judge}[/] (shown ONCE; the old link no longer works):", highlight=False)
+        typer.echo(f"judge {judge}: {base}/j/{token}")
+
+
 # analyze / leaderboard / import-answers / export: publishing, in flows/cli_beauty.py
 from flows.cli_beauty import register as _register_publishing  # noqa: E402
 
 _register_publishing(study_app)
 
-
-# analyze, leaderboard, import-answers, export: the publishing commands (flows/cli_beauty.py).
-from flows.cli_beauty import register as _register_publishing  # noqa: E402
-
-_register_publishing(study_app)

@@ -157,6 +157,10 @@ class Settings(RunnerSettings):
     # Beauty Index panel (tasks/panel/store.py): None = SQLite (WAL) in each study's folder; a
     # SQLAlchemy URL (postgresql+psycopg://...) when several panel servers share one database.
     panel_database: str | None = None
+    # The panel's public base URL (printed links; https: session cookies get `Secure`), and how
+    # long a judge's or admin's browser session lasts before the link must be opened again.
+    panel_url: str | None = None
+    panel_session_days: float = Field(default=28.0, gt=0, le=366)
     # Beauty Index pixel metrics (tasks/beauty/metrics.py): local weights, never downloaded. The
     # FID InceptionV3 state dict (weights-inception-2015-12-05-6726825d.pth) and a CLIP model
     # folder (Hugging Face layout). Unset: a real study gets no pixel metrics (H1/H4 not tested).

@@ -84,6 +84,15 @@ class AnalysisSettings(BaseModel):
     seed: int = 20261126
 
 
+class QualitySettings(BaseModel):
+    """Quality control of answers (docs/BEAUTY.md): an answer is flagged when the server never sent
+    its image to the judge before it, or when it came faster than ``min_seconds_on_screen`` after
+    the image was sent. Flagged answers are kept; the analysis runs with and without them."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    min_seconds_on_screen: float = Field(default=1.0, ge=0)
+
+
 class StudyDefinition(BaseModel):
     """``study.yaml``: what a lab declares before its study opens."""
 
@@ -103,6 +112,7 @@ class StudyDefinition(BaseModel):
     analysis: AnalysisSettings = Field(default_factory=AnalysisSettings)
     simulated: bool = False  # answers made up by `make demo`: labelled SIMULATED on every output
     licence: str = "CC-BY-4.0"
+    quality: QualitySettings = Field(default_factory=QualitySettings)
 
     @field_validator("study_id")
     @classmethod
@@ -166,6 +176,11 @@ STUDY_ANSWERS = pa.schema(
         pa.field("answered_at", TS, nullable=False),
         pa.field("memo", pa.bool_(), nullable=False),  # a memo exists and consent was given
         pa.field("source", pa.string(), nullable=False),  # "panel" | "import" | "simulated"
+        # Quality control (panel answers; null when unknown, e.g. imported): the server had sent the
+        # image before the answer; seconds from then to the answer; why the answer is flagged (null: not).
+        pa.field("image_loaded", pa.bool_()),
+        pa.field("seconds_on_screen", pa.float64()),
+        pa.field("qc_flag", pa.string()),
     ]
 )
 
@@ -191,6 +206,11 @@ STUDY_INDEX = pa.schema(  # one row per tool (panel_group "all") and per (tool, 
         pa.field("rank", pa.int32()),
         pa.field("answers", pa.int32(), nullable=False),
         pa.field("simulated", pa.bool_(), nullable=False),
+        # The same index without the answers flagged by quality control (study.yaml `quality`).
+        pa.field("flagged_answers", pa.int32()),
+        pa.field("beauty_index_unflagged", pa.float64()),
+        pa.field("beauty_index_unflagged_lo", pa.float64()),
+        pa.field("beauty_index_unflagged_hi", pa.float64()),
     ]
 )
 

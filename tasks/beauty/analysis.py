@@ -272,7 +272,8 @@ def beauty_index(
             rows["rank"].append(int(ranks[t]) if defined else None)
             rows["answers"].append(int(counts[t]))
             rows["simulated"].append(is_sim)
-    return pa.table(rows, schema=STUDY_INDEX)
+    n = len(rows["tool"])  # columns filled later (quality control: tasks/beauty/quality.py) are null here
+    return pa.table({k: v if len(v) == n else [None] * n for k, v in rows.items()}, schema=STUDY_INDEX)
 
 
 # --------------------------------------------------------------------------------------------

@@ -154,8 +154,10 @@ def analyze(settings, ctx: StudyContext, answers: pa.Table, pixel: pa.Table | No
     demo and tests use fewer: each refit takes about a tenth of a second)."""
     from tasks.beauty import analysis
 
-    answers = check_answers(ctx, answers)
+    from tasks.beauty import quality
+
     d, plan = ctx.definition, plan_of(ctx)
+    answers = quality.flag_answers(check_answers(ctx, answers), d.quality.min_seconds_on_screen)
     out = StudyTables(study_id=d.study_id, simulated=d.simulated)
     if d.simulated:
         out.notes.append(SIMULATED_BANNER)
@@ -164,6 +166,11 @@ def analyze(settings, ctx: StudyContext, answers: pa.Table, pixel: pa.Table | No
     pixel = STUDY_PIXEL_METRICS.empty_table() if pixel is None else pixel
     rates = analysis.yes_rates(answers)
     index = analysis.beauty_index(answers, plan.analysis.bootstrap_resamples, plan.analysis.seed, d.simulated)
+    # With and without the answers quality control flagged (same resamples and seed).
+    index = quality.with_unflagged_index(index, answers, lambda kept: analysis.beauty_index(
+        kept, plan.analysis.bootstrap_resamples, plan.analysis.seed, d.simulated))
+    if quality.flag_note(answers):
+        out.notes.append(quality.flag_note(answers))
     extra = {} if mixed_resamples is None else {"mixed_resamples": mixed_resamples}
     hyps = analysis.test_hypotheses(answers, plan, pixel if pixel.num_rows else None, **extra)
     out.tables = {

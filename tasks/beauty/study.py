@@ -22,7 +22,7 @@ from pathlib import Path
 import yaml
 from pydantic import ValidationError
 
-from schemas.study import HYPOTHESES, PUBLISHED_GROUP_SIZES, STUDY_ID_RE, PreRegistration, StudyDefinition
+from schemas.study import HYPOTHESES, PUBLISHED_GROUP_SIZES, STUDY_ID_RE, PreRegistration, QualitySettings, StudyDefinition
 
 STUDY_FILE = "study.yaml"
 PREREG_FILE = "preregistration.json"
@@ -49,7 +49,10 @@ def memo_key(study_id: str, memo_id: str, ext: str) -> str:
 
 
 def canonical_definition(definition: StudyDefinition) -> bytes:
-    return json.dumps(definition.model_dump(mode="json"), sort_keys=True, separators=(",", ":")).encode()
+    data = definition.model_dump(mode="json")
+    if definition.quality == QualitySettings():
+        data.pop("quality")  # a field added later: at its default, studies opened before it keep their hash
+    return json.dumps(data, sort_keys=True, separators=(",", ":")).encode()
 
 
 def load_definition(path: Path) -> StudyDefinition:
@@ -184,6 +187,7 @@ class OpenedStudy:
     admin_token: str = field(repr=False)
     judge_tokens: dict[str, str] = field(repr=False)  # label -> token: shown once, stored hashed
     n_images: int = 0
+    blinding_report: list[str] = field(default_factory=list)  # what `study open` prints (tasks/panel/blind.py)
 
 
 def judge_order(order_seed: int, label: str, image_ids: list[str]) -> list[str]:
@@ -234,7 +238,7 @@ def open_study(settings, study_id: str, now: datetime | None = None) -> OpenedSt
     from tasks.beauty.suite import load_beauty_suite
     from tasks.ingest import ingest_model
     from tasks.suite import other_suite_prompt_ids
-    from tasks.panel.blind import BLIND_EXTENSION, blind_image, opaque_id
+    from tasks.panel.blind import BLIND_EXTENSION, blind_study, opaque_id
     from tasks.panel.store import new_token, sha256_hex
     from tasks.work import open_configured_store
 
@@ -257,6 +261,12 @@ def open_study(settings, study_id: str, now: datetime | None = None) -> OpenedSt
             raise StudyError(f"study {study_id} cannot open: tools missing usable images for some prompts of "
                              f"{suite.version}: {detail}")
 
+        # Blind everything first, in memory: a study whose tools can still be told apart opens nothing.
+        pairs = [(tool, row) for tool in definition.tools for row in ingested[tool]]
+        served, report = blind_study([(tool, (Path(settings.home) / row["image_path"]).read_bytes()) for tool, row in pairs])
+        if report.leaks:
+            raise StudyError(f"study {study_id} cannot open: blinding leaves a tool recognisable: {'; '.join(report.leaks)}")
+
         if prereg is None:
             prereg = PreRegistration(
                 study_id=study_id, created_at=now.isoformat(),
@@ -271,15 +281,11 @@ def open_study(settings, study_id: str, now: datetime | None = None) -> OpenedSt
         # Blind into a fresh folder, then swap it in (a crashed open leaves no half folder in use).
         tmp = Path(tempfile.mkdtemp(dir=d, prefix=".images."))
         image_rows = []
-        for tool in definition.tools:
-            for row in ingested[tool]:
-                src = (Path(settings.home) / row["image_path"]).read_bytes()
-                blinded = blind_image(src)
-                image_id = opaque_id()
-                (tmp / f"{image_id}.{BLIND_EXTENSION}").write_bytes(blinded.data)
-                image_rows.append({"image_id": image_id, "tool": tool, "prompt_id": row["prompt_id"],
-                                   "source_sha256": row["image_sha256"],
-                                   "blind_sha256": hashlib.sha256(blinded.data).hexdigest()})
+        for (tool, row), data in zip(pairs, served):
+            image_id = opaque_id()
+            (tmp / f"{image_id}.{BLIND_EXTENSION}").write_bytes(data)
+            image_rows.append({"image_id": image_id, "tool": tool, "prompt_id": row["prompt_id"],
+                               "source_sha256": row["image_sha256"], "blind_sha256": hashlib.sha256(data).hexdigest()})
         if (d / IMAGES_DIR).exists():
             shutil.rmtree(d / IMAGES_DIR)  # left by an open that crashed before the store was written
         os.replace(tmp, d / IMAGES_DIR)
@@ -295,7 +301,7 @@ def open_study(settings, study_id: str, now: datetime | None = None) -> OpenedSt
             judge_rows=[{"label": j.label, "panel_group": j.group, "token_sha256": sha256_hex(tokens[j.label])}
                         for j in definition.judges],
             queues={j.label: judge_order(prereg.order_seed, j.label, ids) for j in definition.judges})
-        return OpenedStudy(d, prereg, admin, tokens, len(image_rows))
+        return OpenedStudy(d, prereg, admin, tokens, len(image_rows), report.lines)
     finally:
         store.dispose()
 
@@ -334,5 +340,37 @@ def close_study(settings, study_id: str) -> bool:
         if not store.exists():
             raise StudyError(f"study {study_id} was never opened (imagebench study open {study_id})")
         return store.close()
+    finally:
+        store.dispose()
+
+
+PANEL_URL_FILE = "panel-url"  # the public URL given at open: the panel's cookies are Secure when it is https
+
+
+def remember_panel_url(settings, study_id: str, url: str) -> None:
+    (study_dir(settings, study_id) / PANEL_URL_FILE).write_text(url.rstrip("/") + "\n", encoding="utf-8")
+
+
+def panel_url_of(settings, study_id: str) -> str | None:
+    """The study's public URL: the ``panel_url`` setting, else the one given at ``study open``."""
+    if getattr(settings, "panel_url", None):
+        return settings.panel_url
+    path = study_dir(settings, study_id) / PANEL_URL_FILE
+    if not path.is_file():
+        return None
+    return path.read_text(encoding="utf-8").strip() or None
+
+
+def relink_judge(settings, study_id: str, label: str) -> str:
+    """A new link for judge ``label`` of an open study (the old one dies, with the judge's
+    sessions). Returns the token: shown once, stored hashed."""
+    definition, _, _ = load_study(settings, study_id)
+    if label not in {j.label for j in definition.judges}:
+        raise StudyError(f"study {study_id} has no judge {label!r} (labels are in its study.yaml)")
+    store = open_panel_store(settings, study_id)
+    try:
+        if not store.exists():
+            raise StudyError(f"study {study_id} was never opened (imagebench study open {study_id})")
+        return store.relink_judge(label)
     finally:
         store.dispose()

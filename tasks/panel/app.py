@@ -4,7 +4,11 @@ Links and sessions: a judge's link ``/j/<token>`` (the admin's ``/admin/<token>`
 visit to set an HttpOnly session cookie, then redirects to a token-free page; uvicorn's access log
 is off and our own request log prints ``/j/<redacted>``, so no token reaches a log. Tokens and
 cookies are stored as sha256 (tasks/panel/store.py). The same link opened again resumes where
-the judge stopped (the store knows the next unanswered position).
+the judge stopped (the store knows the next unanswered position) and replaces the older session.
+One cookie per role (a judge link does not log the admin out), ``SameSite=Lax`` so that a link
+clicked in webmail (a cross-site navigation) gets in (``Strict`` drops the cookie on the redirect
+that follows), ``Secure`` when the panel's public URL is https, expiring after
+``panel_session_days``.
 
 Blind: pages and headers carry no tool or prompt, images are served from ``/img/<opaque id>`` as
 the blinded JPEG (tasks/panel/blind.py), only from the judge's own queue. One image at a time,
@@ -31,20 +35,17 @@ from starlette.concurrency import run_in_threadpool
 
 from schemas.study import MEMO_MAX_SECONDS
 from tasks.panel.blind import BLIND_EXTENSION, BLIND_MEDIA_TYPE, opaque_id
+from tasks.panel.memo_audio import MEMO_CONTAINERS, MemoRejected, check_memo
 from tasks.panel.store import PanelError, PanelStore
 
 log = logging.getLogger("imagebench.panel")
 
-COOKIE = "ib_session"
+COOKIE = "ib_session"  # the VAB expert panel's (tasks/panel/vab_protocols.py)
+COOKIES = {"judge": "ib_judge", "admin": "ib_admin"}  # one per role: a judge link never logs the admin out
+MAX_POSITION = 2**31 - 1  # the store's INTEGER column; anything outside is a 400, never a 500
 MEMO_MAX_BYTES = 1_000_000  # 10 s of Opus is ~20-40 kB; anything near 1 MB is not a short memo
 MAX_FORM_BYTES = 4096
-# Accepted memo types: the media type the browser declares and the magic bytes that must match.
-MEMO_TYPES: dict[str, tuple[str, tuple[bytes, ...]]] = {
-    "audio/webm": ("webm", (b"\x1a\x45\xdf\xa3",)),
-    "audio/ogg": ("ogg", (b"OggS",)),
-    "audio/mp4": ("m4a", (b"ftyp",)),  # at offset 4
-    "audio/wav": ("wav", (b"RIFF",)),
-}
+MEMO_TYPES = MEMO_CONTAINERS  # accepted memo types (tasks/panel/memo_audio.py decodes each upload)
 _ID_RE = re.compile(r"^[A-Za-z0-9_-]{8,64}$")
 _SECRET_PATH = re.compile(r"^/(j|admin)/[^/]+")
 
@@ -55,6 +56,14 @@ CSP = ("default-src 'none'; img-src 'self'; media-src 'self' blob:; script-src '
 def redact_path(path: str) -> str:
     """``/j/<token>`` -> ``/j/<redacted>`` (what our request log prints)."""
     return _SECRET_PATH.sub(lambda m: f"/{m.group(1)}/<redacted>", path)
+
+
+def parse_position(text: str | None) -> int | None:
+    """A queue position from a form or query value: a decimal in [0, MAX_POSITION], else None."""
+    if text is None or not text.isascii() or not text.isdigit() or len(text) > 10:
+        return None
+    n = int(text)
+    return n if n <= MAX_POSITION else None
 
 
 def _pct(pair: dict) -> str:
@@ -76,11 +85,14 @@ def _message(title: str, text: str, status: int) -> HTMLResponse:
 CSS = """body{font-family:system-ui,sans-serif;margin:0;background:#f4f4f4;color:#222}
 main{max-width:1100px;margin:0 auto;padding:1rem}
 .bar{height:10px;background:#ddd;border-radius:5px;overflow:hidden}.bar>div{height:100%;background:#3a7}
-img#stimulus{display:block;max-width:100%;max-height:70vh;margin:1rem auto;background:#888}
-.question{font-size:1.4rem;text-align:center}
+#progress{margin:.3rem 0}
+/* The image leaves room for the question, the buttons and the memo controls: all of it fits a
+   1280x757 window without scrolling (tests/panel/test_browser.py). */
+img#stimulus{display:block;max-width:100%;max-height:min(70vh,calc(100vh - 15rem));margin:.5rem auto;background:#808080}
+.question{font-size:1.3rem;text-align:center;margin:.4rem 0}
 form#answer-form{display:flex;gap:2rem;justify-content:center}
-form#answer-form button{font-size:1.3rem;padding:.6rem 2.5rem}
-#memo{text-align:center;margin-top:1rem;color:#555}
+form#answer-form button{font-size:1.3rem;padding:.5rem 2.5rem}
+#memo{text-align:center;margin-top:.6rem;color:#555}
 table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:.2rem .5rem;text-align:left}"""
 
 JS = """(function(){
@@ -109,15 +121,18 @@ rec.addEventListener('click',function(){
         .catch(function(err){ state.textContent='Memo not saved: '+err.message; })
         .finally(function(){ pending=false; }); };
     mr.start(); rec.textContent='Stop'; state.textContent='Recording (up to '+(maxMs/1000)+' s)...';
-    timer=setTimeout(function(){ if(mr.state==='recording') mr.stop(); }, maxMs);
+    // Stop a little before the limit: a late timer or the encoder's last frame must not push a
+    // full-length memo past the server's decoded-duration check (tasks/panel/memo_audio.py).
+    timer=setTimeout(function(){ if(mr.state==='recording') mr.stop(); }, maxMs-300);
   }).catch(function(err){ state.textContent='No microphone: '+err.message; });
 });
 })();"""
 
 
-def create_app(settings, study_id: str) -> FastAPI:
-    """The ASGI app of one open study."""
-    from tasks.beauty.study import load_study, memo_key, open_panel_store
+def create_app(settings, study_id: str, public_url: str | None = None) -> FastAPI:
+    """The ASGI app of one open study. ``public_url`` (default: the ``panel_url`` setting, else the
+    URL given at ``study open``): the address judges reach; https makes the cookies ``Secure``."""
+    from tasks.beauty.study import load_study, memo_key, open_panel_store, panel_url_of
     from tasks.work import open_configured_store
 
     definition, prereg, d = load_study(settings, study_id)
@@ -127,6 +142,9 @@ def create_app(settings, study_id: str) -> FastAPI:
     if not store.exists():
         raise PanelError(f"study {study_id} has no panel rows (imagebench study open {study_id})")
     images_dir = Path(d) / "images"
+    public_url = public_url or panel_url_of(settings, study_id) or ""
+    secure = public_url.lower().startswith("https://")
+    session_s = float(getattr(settings, "panel_session_days", 28.0)) * 86400
     @asynccontextmanager
     async def lifespan(_app):
         yield
@@ -150,13 +168,13 @@ def create_app(settings, study_id: str) -> FastAPI:
         return response
 
     async def _session(request: Request, role: str) -> str | None:
-        got = await run_in_threadpool(store.session, request.cookies.get(COOKIE))
+        got = await run_in_threadpool(store.session, request.cookies.get(COOKIES[role]), session_s)
         if got is None or got[0] != role:
             return None
         return got[1] or ""
 
-    def _with_cookie(resp: Response, secret: str, path: str = "/") -> Response:
-        resp.set_cookie(COOKIE, secret, httponly=True, samesite="strict", path=path)
+    def _with_cookie(resp: Response, role: str, secret: str) -> Response:
+        resp.set_cookie(COOKIES[role], secret, max_age=int(session_s), httponly=True, samesite="lax", secure=secure, path="/")
         return resp
 
     def _error(exc: PanelError) -> HTMLResponse:
@@ -175,8 +193,8 @@ def create_app(settings, study_id: str) -> FastAPI:
         label = await run_in_threadpool(store.judge_for_token, token) if len(token) <= 128 else None
         if label is None:
             return _message("Link not valid", "This link is not valid. Ask the study's organiser for yours.", 404)
-        secret = await run_in_threadpool(store.new_session, "judge", label)
-        return _with_cookie(RedirectResponse("/judge", status_code=303), secret)
+        secret = await run_in_threadpool(store.new_session, "judge", label, True)
+        return _with_cookie(RedirectResponse("/judge", status_code=303), "judge", secret)
 
     @app.get("/judge")
     async def judge_page(request: Request) -> Response:
@@ -211,7 +229,8 @@ def create_app(settings, study_id: str) -> FastAPI:
     @app.get("/img/{image_id}")
     async def image(image_id: str, request: Request) -> Response:
         label = await _session(request, "judge")
-        if label is None or not _ID_RE.fullmatch(image_id) or not await run_in_threadpool(store.image_in_queue, label, image_id):
+        # Only an image of the judge's queue while the study is open; the store notes when it was sent (QC).
+        if label is None or not _ID_RE.fullmatch(image_id) or not await run_in_threadpool(store.serve_image, label, image_id):
             return Response("not found", status_code=404, media_type="text/plain")
         data = await run_in_threadpool((images_dir / f"{image_id}.{BLIND_EXTENSION}").read_bytes)
         return Response(data, media_type=BLIND_MEDIA_TYPE)
@@ -225,10 +244,9 @@ def create_app(settings, study_id: str) -> FastAPI:
         if len(body) > MAX_FORM_BYTES:
             return _message("Not recorded", "request too large", 413)
         form = {k: v[0] for k, v in parse_qs(body.decode("utf-8", "replace")).items()}
-        try:
-            position = int(form.get("position", ""))
-        except ValueError:
-            return _message("Not recorded", "position must be a number", 400)
+        position = parse_position(form.get("position"))
+        if position is None:
+            return _message("Not recorded", f"position must be a whole number from 0 to {MAX_POSITION}", 400)
         choice, image_id, memo_id = form.get("answer"), form.get("image_id", ""), form.get("memo_id") or None
         if choice not in ("yes", "no"):
             return _message("Not recorded", "answer must be yes or no", 400)
@@ -239,13 +257,16 @@ def create_app(settings, study_id: str) -> FastAPI:
         return RedirectResponse("/judge", status_code=303)
 
     @app.post("/memo")
-    async def memo(request: Request, position: int, consent: int = 0) -> Response:
+    async def memo(request: Request, position: str = "", consent: str = "0") -> Response:
         label = await _session(request, "judge")
         if label is None:
             return JSONResponse({"error": "no session"}, status_code=401)
         if not definition.memo:
             return JSONResponse({"error": "this study takes no memos"}, status_code=403)
-        if consent != 1:
+        pos = parse_position(position)
+        if pos is None:
+            return JSONResponse({"error": f"position must be a whole number from 0 to {MAX_POSITION}"}, status_code=400)
+        if consent != "1":
             return JSONResponse({"error": "a memo is kept only with the judge's consent"}, status_code=400)
         media_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
         if media_type not in MEMO_TYPES:
@@ -258,10 +279,11 @@ def create_app(settings, study_id: str) -> FastAPI:
             data += chunk
             if len(data) > MEMO_MAX_BYTES:
                 return JSONResponse({"error": f"memo larger than {MEMO_MAX_BYTES} bytes"}, status_code=413)
-        ext, magics = MEMO_TYPES[media_type]
-        head = bytes(data[4:8]) if media_type == "audio/mp4" else bytes(data[:4])
-        if len(data) < 16 or not any(head.startswith(m) for m in magics):
-            return JSONResponse({"error": f"the memo is not {media_type} audio"}, status_code=415)
+        try:
+            audio = await run_in_threadpool(check_memo, bytes(data), media_type, MEMO_MAX_SECONDS)
+        except MemoRejected as exc:
+            return JSONResponse({"error": str(exc)}, status_code=exc.status)
+        ext = audio.extension
         memo_id = opaque_id()
         key = memo_key(study_id, memo_id, ext)
 
@@ -272,7 +294,7 @@ def create_app(settings, study_id: str) -> FastAPI:
 
                 raise StudyClosed(f"study {study_id} is closed: it accepts no memos")
             objects.write(key, bytes(data))
-            store.record_memo(label, position, memo_id, key, media_type, len(data))
+            store.record_memo(label, pos, memo_id, key, media_type, len(data))
 
         try:
             await run_in_threadpool(_save)
@@ -284,8 +306,8 @@ def create_app(settings, study_id: str) -> FastAPI:
     async def admin_link(token: str) -> Response:
         if len(token) > 128 or not await run_in_threadpool(store.is_admin_token, token):
             return _message("Link not valid", "This link is not valid.", 404)
-        secret = await run_in_threadpool(store.new_session, "admin", None)
-        return _with_cookie(RedirectResponse("/admin", status_code=303), secret)
+        secret = await run_in_threadpool(store.new_session, "admin", None, True)
+        return _with_cookie(RedirectResponse("/admin", status_code=303), "admin", secret)
 
     @app.get("/admin")
     async def admin_page(request: Request) -> Response:

@@ -38,7 +38,7 @@ from sqlalchemy import (
     select,
 )
 from sqlalchemy.engine import Engine
-from sqlalchemy.exc import IntegrityError, OperationalError
+from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
 
 from schemas.study import STUDY_ANSWERS, salted_judge_id
 
@@ -79,6 +79,7 @@ queue = Table(
     Column("position", Integer, primary_key=True, autoincrement=False),
     Column("image_id", String(64), nullable=False),
     Column("shown_at", BigInteger),  # first time the server rendered it to the judge
+    Column("image_served_at", BigInteger),  # first time the server sent the image's bytes to the judge (QC)
 )
 answers = Table(
     "panel_answers", metadata,
@@ -90,6 +91,7 @@ answers = Table(
     Column("shown_at", BigInteger, nullable=False),
     Column("answered_at", BigInteger, nullable=False),
     Column("memo_id", String(64)),
+    Column("image_served_at", BigInteger),  # copied from the queue: null = answered an image never loaded
 )
 memos = Table(
     "panel_memos", metadata,
@@ -190,23 +192,34 @@ class SqlStore:
         except OperationalError as exc:  # locked past the busy timeout, disk full, server gone
             raise StoreUnavailable(f"the panel database could not record this ({exc.orig}); nothing was saved, try again") from exc
 
-    def new_session(self, role: str, label: str | None) -> str:
-        """A new browser session: the secret goes into the cookie, only its hash into the table."""
+    def new_session(self, role: str, label: str | None, replace: bool = False) -> str:
+        """A new browser session: the secret goes into the cookie, only its hash into the table.
+        ``replace``: the same link opened again keeps one session (the older ones of this role and
+        label end)."""
         secret = new_token()
+        t = self.SESSIONS
         with self._tx() as c:
-            c.execute(self.SESSIONS.insert().values(session_sha256=sha256_hex(secret), study_id=self.study_id, role=role,
-                                                    label=label, created_at=now_us()))
+            if replace:
+                same = t.c.label.is_(None) if label is None else t.c.label == label
+                c.execute(t.delete().where(t.c.study_id == self.study_id, t.c.role == role, same))
+            c.execute(t.insert().values(session_sha256=sha256_hex(secret), study_id=self.study_id, role=role,
+                                        label=label, created_at=now_us()))
         return secret
 
-    def session(self, secret: str | None) -> tuple[str, str | None] | None:
-        """(role, label) of the session whose secret this is, or None."""
+    def session(self, secret: str | None, max_age_s: float | None = None, at_us: int | None = None) -> tuple[str, str | None] | None:
+        """(role, label) of the session whose secret this is, or None (unknown, or older than
+        ``max_age_s`` at ``at_us``, default now)."""
         if not secret or len(secret) > 128:
             return None
         t = self.SESSIONS
         with self._tx() as c:
-            row = c.execute(select(t.c.role, t.c.label).where(
+            row = c.execute(select(t.c.role, t.c.label, t.c.created_at).where(
                 t.c.session_sha256 == sha256_hex(secret), t.c.study_id == self.study_id)).first()
-        return (row[0], row[1]) if row else None
+        if row is None:
+            return None
+        if max_age_s is not None and (now_us() if at_us is None else at_us) - row.created_at > max_age_s * 1_000_000:
+            return None
+        return (row[0], row[1])
 
 
 class PanelStore(SqlStore):
@@ -230,7 +243,9 @@ class PanelStore(SqlStore):
             folder = Path(text)
             study_id = study_id or folder.name
             url = database or os.environ.get(PANEL_DATABASE_ENV) or f"sqlite:///{folder / PANEL_DB_NAME}"
-        return cls(open_engine(url, metadata, busy_timeout_s), study_id)
+        engine = open_engine(url, metadata, busy_timeout_s)
+        add_missing_columns(engine, metadata)
+        return cls(engine, study_id)
 
     # ---- study lifecycle ------------------------------------------------------------------
     def exists(self) -> bool:
@@ -322,6 +337,35 @@ class PanelStore(SqlStore):
             return c.execute(select(queue.c.position).where(queue.c.study_id == self.study_id, queue.c.label == label,
                                                             queue.c.image_id == image_id)).first() is not None
 
+    def serve_image(self, label: str, image_id: str) -> bool:
+        """Whether the judge may be sent this image's bytes now (in their queue, study open); the
+        first time, its queue row records when (``image_served_at``: the answer's QC evidence that
+        the image was loaded, and the start of its time on screen)."""
+        sid = self.study_id
+        with self._tx() as c:
+            row = c.execute(select(studies.c.state).where(studies.c.study_id == sid)).first()
+            if row is None or row.state != "open":
+                return False
+            where = (queue.c.study_id == sid, queue.c.label == label, queue.c.image_id == image_id)
+            if c.execute(select(queue.c.position).where(*where)).first() is None:
+                return False
+            c.execute(queue.update().where(*where, queue.c.image_served_at.is_(None)).values(image_served_at=now_us()))
+        return True
+
+    def relink_judge(self, label: str) -> str:
+        """A new link for a judge who lost theirs: the new token's hash replaces the old one (the
+        old link dies) and the judge's sessions end. Returns the token (shown once)."""
+        token = new_token()
+        with self._tx() as c:
+            self._require_open(c)
+            n = c.execute(judges.update().where(judges.c.study_id == self.study_id, judges.c.label == label)
+                          .values(token_sha256=sha256_hex(token))).rowcount
+            if n != 1:
+                raise PanelError(f"study {self.study_id} has no judge {label!r}")
+            c.execute(sessions.delete().where(sessions.c.study_id == self.study_id, sessions.c.role == "judge",
+                                              sessions.c.label == label))
+        return token
+
     def record_answer(self, label: str, position: int, image_id: str, answer: bool, memo_id: str | None = None) -> bool:
         """Record one answer, durable when this returns. True: recorded now; False: this exact
         answer slot was already recorded (a double click or a retried POST: nothing is added).
@@ -330,7 +374,7 @@ class PanelStore(SqlStore):
         sid = self.study_id
         with self._tx() as c:
             self._require_open(c)
-            q = c.execute(select(queue.c.image_id, queue.c.shown_at).where(
+            q = c.execute(select(queue.c.image_id, queue.c.shown_at, queue.c.image_served_at).where(
                 queue.c.study_id == sid, queue.c.label == label, queue.c.position == position)).first()
             if q is None or q.image_id != image_id:
                 raise NotInQueue(f"image {image_id!r} is not at position {position} of this judge's queue")
@@ -346,7 +390,7 @@ class PanelStore(SqlStore):
                     raise NotInQueue("that memo does not belong to this answer")
             c.execute(answers.insert().values(study_id=sid, label=label, position=position, image_id=image_id,
                                               answer=answer, shown_at=q.shown_at, answered_at=max(now_us(), q.shown_at),
-                                              memo_id=memo_id))
+                                              memo_id=memo_id, image_served_at=q.image_served_at))
         return True
 
     def record_memo(self, label: str, position: int, memo_id: str, object_key: str, media_type: str, byte_size: int) -> None:
@@ -401,11 +445,16 @@ class PanelStore(SqlStore):
             return [dict(r) for r in c.execute(select(images).where(images.c.study_id == self.study_id)
                                                .order_by(images.c.tool, images.c.prompt_id)).mappings()]
 
-    def memo_rows(self) -> list[dict]:
-        """Memos kept (consent given), with the answer they go with (for the export)."""
+    def memo_rows(self, linked_only: bool = True) -> list[dict]:
+        """Memos kept (consent given). ``linked_only`` (the export): only the memo each answer
+        names in its ``memo_id``, so a memo recorded then abandoned (a reload, a second take) is
+        never attributed to an answer: at most one per (judge, position), exactly the linked one."""
+        q = select(memos).where(memos.c.study_id == self.study_id, memos.c.consent.is_(True))
+        if linked_only:
+            q = q.join(answers, (answers.c.study_id == memos.c.study_id) & (answers.c.memo_id == memos.c.memo_id)
+                       & (answers.c.label == memos.c.label) & (answers.c.position == memos.c.position))
         with self._tx() as c:
-            return [dict(r) for r in c.execute(select(memos).where(memos.c.study_id == self.study_id, memos.c.consent.is_(True))
-                                               .order_by(memos.c.label, memos.c.position)).mappings()]
+            return [dict(r) for r in c.execute(q.order_by(memos.c.label, memos.c.position, memos.c.uploaded_at)).mappings()]
 
     def answers_table(self, salt: str) -> pa.Table:
         """Every panel answer, schema ``schemas.study.STUDY_ANSWERS``; ``judge_id`` is
@@ -418,14 +467,48 @@ class PanelStore(SqlStore):
         with self._tx() as c:
             rows = c.execute(select(answers.c.label, judges.c.panel_group, images.c.tool, images.c.prompt_id,
                                     answers.c.image_id, answers.c.position, answers.c.answer, answers.c.shown_at,
-                                    answers.c.answered_at, answers.c.memo_id)
+                                    answers.c.answered_at, answers.c.memo_id, answers.c.image_served_at)
                              .select_from(j).where(answers.c.study_id == sid)
                              .order_by(answers.c.label, answers.c.position)).all()
         out = [{"study_id": sid, "judge_id": salted_judge_id(salt, r.label),
                 "panel_group": r.panel_group, "tool": r.tool, "prompt_id": r.prompt_id, "image_id": r.image_id,
                 "position": r.position, "answer": bool(r.answer), "shown_at": from_us(r.shown_at),
-                "answered_at": from_us(r.answered_at), "memo": r.memo_id is not None, "source": "panel"} for r in rows]
+                "answered_at": from_us(r.answered_at), "memo": r.memo_id is not None, "source": "panel",
+                **answer_quality(r.image_served_at, r.answered_at)} for r in rows]
         return pa.Table.from_pylist(out, schema=STUDY_ANSWERS)
+
+
+def answer_quality(image_served_at: int | None, answered_at: int) -> dict:
+    """QC evidence of one answer: whether the server had sent the image's bytes to the judge
+    before the answer, and the seconds from then to the answer (its time on screen)."""
+    loaded = image_served_at is not None and image_served_at <= answered_at
+    return {"image_loaded": loaded, "seconds_on_screen": (answered_at - image_served_at) / 1e6 if loaded else None}
+
+
+def add_missing_columns(engine: Engine, tables: MetaData) -> list[str]:
+    """Add the nullable columns a newer version declares to tables an older one created (a study
+    opened before QC columns existed keeps running: its older answers read as "no evidence").
+    Returns ``table.column`` for each column added."""
+    from sqlalchemy import inspect
+
+    insp = inspect(engine)
+    added = []
+    for table in tables.sorted_tables:
+        if not insp.has_table(table.name):
+            continue
+        have = {c["name"] for c in insp.get_columns(table.name)}
+        for col in table.columns:
+            if col.name not in have and col.nullable and not col.primary_key:
+                kind = col.type.compile(dialect=engine.dialect)
+                try:
+                    with engine.begin() as c:
+                        c.exec_driver_sql(f'ALTER TABLE "{table.name}" ADD COLUMN "{col.name}" {kind}')
+                except DBAPIError:  # another server added it at the same moment: fine if it is there now
+                    if col.name not in {c["name"] for c in inspect(engine).get_columns(table.name)}:
+                        raise
+                    continue
+                added.append(f"{table.name}.{col.name}")
+    return added
 
 
 def open_engine(url: str, tables: MetaData, busy_timeout_s: float = 10.0) -> Engine:

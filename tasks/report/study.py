@@ -152,6 +152,11 @@ def build_study_pages(settings, out_dir: Path) -> list[StudyLink]:
                 prereg_text = f"pinned at open, {ctx.prereg.created_at} (definition sha256 {ctx.prereg.definition_sha256[:12]}...)"
         except (OSError, ValueError, RuntimeError) as exc:  # the lake is the record; the folder may be elsewhere
             notes.append(f"study folder not readable here ({type(exc).__name__}): prompts shown by id")
+        flagged = sum(r["flagged_answers"] or 0 for r in tables["study_index"].to_pylist() if r["panel_group"] == "all")
+        if flagged:  # quality control (tasks/beauty/quality.py): the index is also computed without them
+            notes.append(f"quality control: {flagged} of {tables['study_answers'].num_rows} answers flagged (image not loaded, "
+                         "or answered faster than the study's threshold); the Beauty Index without them is in the "
+                         "study_index table (beauty_index_unflagged)")
         weights = set(tables["study_pixel_metrics"].column("weights").to_pylist())
         if "TINY RANDOM" in weights:
             notes.append("pixel metrics from TINY RANDOM networks (no weights given): they show the pipeline only")

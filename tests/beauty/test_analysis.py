@@ -32,6 +32,9 @@ def answers_table(rows: list[tuple[str, str, str, str, bool]], study_id: str = "
             "answered_at": [T0 + dt.timedelta(seconds=3)] * n,
             "memo": [False] * n,
             "source": [source] * n,
+            "image_loaded": [None] * n,  # quality-control evidence (tasks/beauty/quality.py): none here
+            "seconds_on_screen": [None] * n,
+            "qc_flag": [None] * n,
         },
         schema=STUDY_ANSWERS,
     )

@@ -140,8 +140,9 @@ class Served:
 
 
 @contextmanager
-def serve(settings, study_id: str) -> Iterator[Served]:
-    """The real app on uvicorn, loopback, a port the OS picks (a bound socket: no race)."""
+def serve(settings, study_id: str, host: str = "127.0.0.1", public_url: str | None = None) -> Iterator[Served]:
+    """The real app on uvicorn, loopback (``host``: any 127.x address), a port the OS picks (a
+    bound socket: no race). ``public_url``: the panel's public address (https: Secure cookies)."""
     from tasks.panel.app import create_app, make_server
 
     cap = _Capture()
@@ -151,9 +152,9 @@ def serve(settings, study_id: str) -> Iterator[Served]:
     logging.getLogger("imagebench.panel").setLevel(logging.INFO)
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", 0))
+    sock.bind((host, 0))
     port = sock.getsockname()[1]
-    server = make_server(create_app(settings, study_id), "127.0.0.1", port, configure_logging=False)
+    server = make_server(create_app(settings, study_id, public_url=public_url), host, port, configure_logging=False)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     deadline = time.monotonic() + 20
@@ -162,7 +163,7 @@ def serve(settings, study_id: str) -> Iterator[Served]:
             raise RuntimeError("panel server did not start")
         time.sleep(0.02)
     try:
-        yield Served(f"http://127.0.0.1:{port}", cap, server)
+        yield Served(f"http://{host}:{port}", cap, server)
     finally:
         server.should_exit = True
         thread.join(timeout=10)

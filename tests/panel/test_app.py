@@ -13,7 +13,10 @@ from tasks.panel.blind import metadata_markers_in
 from tasks.panel.store import PanelStore
 from tests.panel.conftest import TOOLS, beauty_prompt_ids, open_new_study, serve
 
-WEBM = b"\x1a\x45\xdf\xa3" + b"\x9f\x42\x86\x81\x01" + bytes(200)  # an EBML header, then filler
+from tests.panel.audio import encoded_audio, wav_audio
+
+FAKE_WEBM = b"\x1a\x45\xdf\xa3" + b"\x9f\x42\x86\x81\x01" + bytes(200)  # right first bytes, no audio
+WEBM = encoded_audio("webm", 2.0)  # a real 2-second Opus memo in WebM
 
 
 def _client(url: str) -> httpx.Client:
@@ -119,6 +122,16 @@ def test_memo_upload_checks_and_link(panel_study, panel_server):
         assert up(WEBM, "image/png").status_code == 415
         assert up(b"<html>" + bytes(100)).status_code == 415  # declared audio, is not
         assert up(WEBM + bytes(1_000_001)).status_code == 413
+        # Decoded, not sniffed: magic bytes alone, a container of another type, a header whose
+        # payload is noise, more than 10 seconds, a position out of range.
+        assert up(FAKE_WEBM).status_code == 415
+        assert up(WEBM, "audio/ogg").status_code == 415 and up(encoded_audio("ogg", 1.0), "audio/webm").status_code == 415
+        assert up(WEBM[:200] + bytes(range(256)) * 40).status_code == 415
+        too_long = up(encoded_audio("webm", 11.0))
+        assert too_long.status_code == 413 and "longer than 10 seconds" in too_long.json()["error"]
+        assert c.post("/memo?position=9223372036854775808&consent=1", content=WEBM,
+                      headers={"Content-Type": "audio/webm"}).status_code == 400
+        assert up(wav_audio(1.0), "audio/wav").status_code == 200 and up(encoded_audio("ogg", 1.0), "audio/ogg").status_code == 200
         ok = up(WEBM)
         assert ok.status_code == 200
         memo_id = ok.json()["memo_id"]

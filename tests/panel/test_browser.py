@@ -130,6 +130,29 @@ def test_two_judges_keyboard_resume_mouse_memo_then_admin(browser, panel_study, 
     expected = sorted((p["tool"], f"{100.0 * p['yes'] / p['answers']:.4f}") for p in store.pair_counts() if p["answers"])
     assert rates == expected
 
+    # At 1280 px, with the report's stylesheet, every hypothesis's verdict is in view without
+    # scrolling sideways (issue 16 item 12).
+    import shutil
+
+    from tasks.report.build import STATIC
+
+    shutil.copytree(STATIC, out / "static", dirs_exist_ok=True)
+    drv.set_window_size(1280, 900)
+    drv.get((out / "studies" / f"{panel_study.study_id}.html").as_uri())
+    drv.execute_script("document.getElementById('hypotheses').scrollIntoView()")
+    drv.save_screenshot(str(settings.home / "report-hypotheses-1280.png"))
+    geometry = drv.execute_script("""
+      var wrap = document.querySelector('#hypotheses .table-wrap');
+      var box = wrap.getBoundingClientRect();
+      var cells = Array.from(document.querySelectorAll('#hypotheses-table .hyp-verdict')).map(function (c) {
+        var r = c.getBoundingClientRect(); return [r.left, r.right, c.textContent.trim()]; });
+      return {inner: window.innerWidth, page: document.documentElement.scrollWidth, left: box.left,
+              right: box.right, scroll: wrap.scrollWidth, client: wrap.clientWidth, cells: cells};""")
+    assert geometry["inner"] <= 1280 and geometry["page"] <= geometry["inner"], geometry
+    assert len(geometry["cells"]) == 6 and all(text for _, _, text in geometry["cells"]), geometry  # header + H1-H5
+    assert all(geometry["left"] <= lo and hi <= min(geometry["right"], geometry["inner"]) for lo, hi, _ in geometry["cells"]), geometry
+    assert geometry["scroll"] <= geometry["client"], geometry  # the whole table fits: no sideways scroll at all
+
 
 def _rows(store: PanelStore, label: str):
     from sqlalchemy import select

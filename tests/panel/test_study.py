@@ -139,6 +139,7 @@ def test_cli_study_init_open_status_close(tmp_path, monkeypatch):
     assert r.exit_code == 0, r.output
     r = runner.invoke(app, ["study", "open", "cli-study", "--url", "http://panel.example"])
     assert r.exit_code == 0, r.output
+    assert "blinding report" in r.output and "no tool can be told apart" in r.output
     links = [line for line in r.stdout.splitlines() if "http://panel.example/" in line]
     assert len(links) == 21 and links[-1].startswith("admin: http://panel.example/admin/")
     r = runner.invoke(app, ["study", "open", "cli-study"])
@@ -149,3 +150,102 @@ def test_cli_study_init_open_status_close(tmp_path, monkeypatch):
     assert r.exit_code == 0 and "cli-study closed" in r.output
     r = runner.invoke(app, ["study", "open", "no-such"])
     assert r.exit_code == 1 and "study file not found" in r.output
+
+
+def _png(size, mode="RGB", color=(30, 140, 200)) -> bytes:
+    im = Image.new(mode, size, color if mode == "RGB" else (*color, 90))
+    im.paste((250, 250, 250) if mode == "RGB" else (250, 250, 250, 255), (5, 5, size[0] // 2, size[1] // 3))
+    out = io.BytesIO()
+    im.save(out, "PNG")
+    return out.getvalue()
+
+
+def test_blinding_puts_every_tool_on_one_canvas_and_reports_before_and_after():
+    """Three tools as the issue found them (1024x1024, 1024x768 with alpha, 585x1024): after
+    blinding every file is the same square JPEG of the same byte size; the report says so."""
+    from tasks.panel.blind import BACKGROUND, blind_study, image_facts
+
+    sources = ([("square", _png((1024, 1024), color=(10 * i, 90, 60))) for i in range(3)]
+               + [("wide", _png((1024, 768), "RGBA", (200, 20 * i, 10))) for i in range(3)]
+               + [("tall", _png((585, 1024), color=(40, 40, 30 * i))) for i in range(3)])
+    served, report = blind_study(sources)
+    facts = [image_facts(tool, data) for (tool, _), data in zip(sources, served)]
+    assert {(f.width, f.height, f.alpha, f.format) for f in facts} == {(BLIND_LONG_SIDE, BLIND_LONG_SIDE, False, "JPEG")}
+    assert len({len(d) for d in served}) == 1 and report.leaks == []
+    with Image.open(io.BytesIO(served[3])) as im:  # the wide one: letterbox bands of the neutral grey
+        top = im.convert("RGB").getpixel((BLIND_LONG_SIDE // 2, 3))
+        assert all(abs(a - b) <= 3 for a, b in zip(top, BACKGROUND))
+    text = "\n".join(report.lines)
+    assert "wide: before: sizes 1024x768 x3; aspect 4:3 x3; alpha 3/3" in text
+    assert "tall: after:  sizes 1024x1024 x3; aspect 1:1 x3; alpha 0/3" in text
+    assert "no tool can be told apart" in text
+    assert any("letterbox bands show the source aspect" in w for w in report.warnings)
+
+
+def test_blinding_report_names_a_tool_still_told_apart():
+    from tasks.panel.blind import ImageFacts, blinding_report
+
+    def f(tool, w=1024, h=1024, alpha=False, n=5000):
+        return ImageFacts(tool, w, h, alpha, n, "JPEG")
+
+    same = [f("a"), f("a"), f("b"), f("b")]
+    assert blinding_report(same, same, []).leaks == []
+    sized = [f("a"), f("a", 1024, 768), f("b"), f("b")]
+    assert blinding_report(sized, sized, []).leaks == ["a by size (1024x768 only in its images)", "a by aspect ratio (4:3 only in its images)"]
+    heavy = [f("a", n=5000), f("a", n=5100), f("b", n=9000), f("b", n=9100)]
+    assert blinding_report(heavy, heavy, []).leaks == ["a and b by bytes (5000-5100 vs 9000-9100)"]
+    overlapping = [f("a", n=5000), f("a", n=9500), f("b", n=9000), f("b", n=9100)]
+    assert blinding_report(overlapping, overlapping, []).leaks == []
+    alpha = [f("a", alpha=True), f("b")]
+    assert "a by alpha (alpha only in its images)" in blinding_report(alpha, alpha, []).leaks
+
+
+def test_open_refuses_when_blinding_leaves_a_tool_recognisable(tmp_path, monkeypatch):
+    """The open itself refuses, before any pre-registration or link exists, when the served files
+    still tell a tool apart (here: a blinder that keeps one tool's size)."""
+    import tasks.panel.blind as blind
+
+    settings = make_settings(tmp_path)
+    for tool in TOOLS:
+        write_tool_images(tmp_path / "objects", tool, beauty_prompt_ids())
+    write_study(settings, "leaky", [("j1", "photographers")])
+    real = blind.blind_image
+    calls = {"n": 0}
+
+    def leaky(data, long_side=BLIND_LONG_SIDE):
+        calls["n"] += 1  # the second tool's images come out at another size
+        return real(data, long_side if calls["n"] <= 10 else 512)
+
+    monkeypatch.setattr(blind, "blind_image", leaky)
+    with pytest.raises(StudyError, match=r"cannot open: blinding leaves a tool recognisable: .*quokka-diffusion by size \(512x512 only in its images\)"):
+        open_study(settings, "leaky")
+    d = tmp_path / "studies" / "leaky"
+    assert not (d / "preregistration.json").exists() and not (d / "images").exists()
+    assert not PanelStore.open(d).exists()
+
+
+def test_a_panel_database_from_before_the_qc_columns_is_upgraded_in_place(tmp_path):
+    """A study opened by an earlier version (no image_served_at columns) keeps working: the
+    columns are added, its earlier answers read as 'no QC evidence'."""
+    db = tmp_path / "old" / "panel.sqlite"
+    db.parent.mkdir()
+    con = sqlite3.connect(db)
+    con.executescript("""
+      CREATE TABLE panel_queue (study_id VARCHAR(64) NOT NULL, label VARCHAR(64) NOT NULL, position INTEGER NOT NULL,
+        image_id VARCHAR(64) NOT NULL, shown_at BIGINT, PRIMARY KEY (study_id, label, position));
+      CREATE TABLE panel_answers (study_id VARCHAR(64) NOT NULL, label VARCHAR(64) NOT NULL, position INTEGER NOT NULL,
+        image_id VARCHAR(64) NOT NULL, answer BOOLEAN NOT NULL, shown_at BIGINT NOT NULL, answered_at BIGINT NOT NULL,
+        memo_id VARCHAR(64), PRIMARY KEY (study_id, label, position));
+      INSERT INTO panel_answers VALUES ('old', 'j1', 0, 'img0000000', 1, 1, 2, NULL);""")
+    con.commit()
+    con.close()
+    store = PanelStore.open(db.parent)
+    try:
+        cols = {r[1] for r in sqlite3.connect(db).execute("PRAGMA table_info(panel_answers)")}
+        assert "image_served_at" in cols
+        assert "image_served_at" in {r[1] for r in sqlite3.connect(db).execute("PRAGMA table_info(panel_queue)")}
+        from tasks.panel.store import add_missing_columns, metadata
+
+        assert add_missing_columns(store.engine, metadata) == []  # once is enough
+    finally:
+        store.dispose()
