@@ -91,3 +91,13 @@ def test_official_prompt_run(prefect_harness, tmp_path, monkeypatch) -> None:
     assert who["prompt"] == "vab-official-v1" and who["sampling"]["temperature"] == 1.0 and ident
     assert {r["prompt_type"] for r in rows} == {"pick_best", "pick_worst", "pick_best_and_worst"}
     assert sum(r["detail"] == "derived from pick_best" for r in rows) == 3  # demo-camera-blur, 2 images
+    # the catalog's views score the official prompt types as tasks.vab.metrics does
+    from pathlib import Path
+
+    from tasks.lake import query, refresh_catalog
+    from tasks.suite import load_suite
+
+    suite = load_suite(Path(__file__).resolve().parents[2] / "reference" / "suite-imagebench-v1.jsonl")
+    catalog = refresh_catalog(settings.lake_dir, settings.catalog_path, suite, "test")
+    _, board = query(catalog, f"SELECT strict_both, strict_best, strict_worst, tasks FROM vab_leaderboard WHERE sets = '{SETS}'")
+    assert board == [pytest.approx((100.0, 100 * 5 / 6, 100.0, 6))]
