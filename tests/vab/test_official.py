@@ -231,3 +231,15 @@ def test_release_layout_checked_row_by_row(home, tmp_path) -> None:
     (tmp_path / "empty").mkdir()
     with pytest.raises(ValueError, match=r"no data/test-\*.parquet in this folder"):
         import_any(settings, tmp_path / "empty", "x")
+
+
+def test_our_prompt_and_the_expert_pages_use_each_domains_rubric() -> None:
+    from tasks.panel.vab_protocols import _rubric
+    from tasks.vab.prompts import prompt_sha256, question_for
+
+    ill, art = question_for(3, "illustration"), question_for(3, "fine_art")
+    assert "focus and clarity, form and proportion, colour design, detail control and finish, stylistic fit" in ill
+    assert "completion" in art and "completion" not in ill and "the illustration domain" in ill
+    assert "Form and proportion" in _rubric("illustration") and "Form and proportion" not in _rubric("fine_art")
+    assert message_parts("vab-best-worst-v2", "best_worst", 2, "photography")[:2] == ["Image 1:", 0]
+    assert prompt_sha256("vab-best-worst-v2") != prompt_sha256("vab-official-v1")
