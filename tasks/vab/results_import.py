@@ -5,8 +5,9 @@ as they are (docs/VAB.md, "Official result files").
   (task_id, prompt_type, trial), pick_best_and_worst rows of 2-image tasks already derived;
 - ``<model>.partial.jsonl`` (a run still going or stopped): one row per line, as eval.py appends
   them; read as eval.py reads it at the end of a run (a later answer replaces an earlier error of
-  the same trial, an unreadable line is skipped and counted), then the 2-image
-  pick_best_and_worst rows are derived from pick_best as eval.py derives them.
+  the same trial, an unreadable line is skipped and counted), then, when the run asked
+  pick_best_and_worst (the file has such rows), the 2-image pick_best_and_worst rows are derived
+  from pick_best as eval.py derives them.
 
 Each row becomes one ``vab_trials`` row (prompt_type, trial, shown order ``[p + 1 for p in
 permutation]``, answer letters mapped to stored positions through the release's labels): an
@@ -158,7 +159,10 @@ def parse_results(file: Path, tasks: list[VabTask], sets: str, judge: str | None
     metadata, results, skipped = read_results_file(file)
     by_id = {t.task_id: t for t in tasks}
     name = check_judge_name(judge if judge is not None else default_judge_name(file, metadata))
-    derived = derive_two_image_rows(results, by_id) if file.name.endswith(PARTIAL_SUFFIX) else []
+    # eval.py derives only when its run asked pick_best_and_worst: a partial file shows that by its
+    # pick_best_and_worst rows (of 3+-image tasks); a finished .json holds its derived rows already
+    asked_both = any(r.get("prompt_type") == PICK_BEST_AND_WORST for r in results)
+    derived = derive_two_image_rows(results, by_id) if file.name.endswith(PARTIAL_SUFFIX) and asked_both else []
     problems: list[str] = []
     seen: dict[tuple, int] = {}
     rows: list[dict] = []

@@ -214,3 +214,27 @@ def test_pins_record_their_trial_scheme_and_the_cache_keeps_schemes_apart(home, 
 
     blob = json.dumps(["judge", item.n, item.domain, list(item.image_sha256)], separators=(",", ":"))
     assert keys[0] == hashlib.sha256(blob.encode()).hexdigest()
+
+
+def test_import_results_and_summarize_stay_light(rel) -> None:
+    """Read commands: no torch, Prefect, Great Expectations or transformers imported."""
+    code = ("import sys\nfrom typer.testing import CliRunner\nfrom flows.cli import app\n"
+            f"r = CliRunner().invoke(app, ['vab', 'import-results', {str(FIX / 'results' / 'judge-two.json')!r}, '--sets', 'rel'])\n"
+            "assert r.exit_code == 0, r.output\n"
+            "r = CliRunner().invoke(app, ['vab', 'summarize', '--sets', 'rel', '--format', 'json'])\n"
+            "assert r.exit_code == 0, r.output\n"
+            "print([m for m in ('torch', 'prefect', 'great_expectations', 'transformers') if m in sys.modules])\n")
+    env = {"IMAGEBENCH_HOME": str(rel.home), "PATH": "/usr/bin:/bin"}
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and out.stdout.strip().splitlines()[-1] == "[]", out.stdout + out.stderr
+
+
+def test_a_pick_best_only_partial_file_derives_nothing(rel, tmp_path) -> None:
+    two = json.loads((FIX / "results" / "judge-two.json").read_text())["results"]  # a --prompt-type pick_best run
+    part = tmp_path / "judge-q.partial.jsonl"
+    part.write_text("".join(json.dumps(r) + "\n" for r in two))
+    r = _invoke("vab", "import-results", part, "--sets", "rel")
+    assert r.exit_code == 0 and "27 answers of judge judge-q (ok 27; 0 derived" in r.output, r.output
+    assert _invoke("vab", "import-results", FIX / "results" / "judge-two.json", "--sets", "rel").exit_code == 0
+    s = json.loads(_invoke("vab", "summarize", "--sets", "rel", "--format", "json").stdout)
+    assert s["judge-q"] == s["judge-two"]
