@@ -4,8 +4,9 @@ the lake tables of VAB runs. No I/O here (ARCHITECTURE.md section 2).
 A *set collection* (``--sets S``) is a named, pinned list of tasks. Each task is 2 to 6 images of
 matched subject with expert labels: the best image, and for 3+ images the worst. Positions are
 1-based in the task's *stored* order. A judge sees each task in 3 trials: trial 0 in the stored
-order, trials 1 and 2 in permutations seeded by the task id (tasks.vab.trials); its answers are
-mapped back to stored positions before scoring.
+order, trials 1 and 2 in permutations seeded by the task id under the collection's trial scheme
+(tasks.vab.trials); its answers are mapped back to stored positions before scoring. A trial asks
+our combined question or one of the official toolkit's three prompt types (``prompt_type``).
 """
 
 from __future__ import annotations
