@@ -32,6 +32,8 @@ def vab_run(
     judge: Annotated[list[str], typer.Option("--judge", help="sharpness, hpsv3, or a VLM of the endpoints config (repeat for several)")],
     batch_size: Annotated[int, typer.Option(min=1, max=256, help="trials per parallel VLM batch")] = 8,
     no_cache: Annotated[bool, typer.Option("--no-cache", help="ask again even what is cached for this judge identity")] = False,
+    prompt: Annotated[str, typer.Option("--prompt", help="VLM prompt version: vab-best-worst-v2 (ours, one combined question) or vab-official-v1 (eval.py's three prompt types)")] = "vab-best-worst-v2",
+    temperature: Annotated[Optional[float], typer.Option("--temperature", min=0.0, max=2.0, help="VLM sampling temperature (default: 0 for ours, 1.0 for vab-official-v1 as eval.py)")] = None,
 ) -> None:
     """Run judges on every task of a set collection, 3 trials each (flow `vab-run`), store their
     answers in vab_trials and print the leaderboard."""
@@ -41,12 +43,14 @@ def vab_run(
         from tasks.vab.sets import load_sets
 
         settings = cli._settings()
-        resolve_judges(settings, judge)  # bad names and missing collections are named before Prefect starts
+        # bad names, missing weights and missing collections are named before Prefect starts
+        resolve_judges(settings, judge, prompt, temperature)
         load_sets(settings, sets)
         cli._prefect(settings)
         from flows.vab import vab_run_flow
 
-        summary = vab_run_flow(sets, list(judge), batch_size=batch_size, use_cache=not no_cache)
+        summary = vab_run_flow(sets, list(judge), batch_size=batch_size, use_cache=not no_cache, prompt_version=prompt,
+                               temperature=temperature)
         for name, m in summary["judges"].items():
             bad = {k: v for k, v in m["invalid_trials"].items() if v}
             cli.err.print(f"[green]{name}[/]: {m['trials']} trials ({m['cache_hits']} from the cache)"
@@ -112,3 +116,6 @@ def vab_demo_sets(
         from tasks.vab.demo_sets import write_demo_sets
 
         cli.err.print(f"[green]wrote {write_demo_sets(out)}[/]", highlight=False, soft_wrap=True)
+
+
+import flows.cli_vab_official  # noqa: E402,F401  (registers vab import-results|summarize|judges remove)

@@ -56,20 +56,25 @@ def summary_markdown(sets: str, results: dict[str, dict]) -> str:
 
 @flow(name="vab-run", log_prints=True)
 def vab_run_flow(sets: str, judges: list[str], batch_size: int = DEFAULT_BATCH, use_cache: bool = True,
-                 n_resamples: int = 2000) -> dict:
-    """Run ``judges`` on every task of set collection ``sets`` (3 trials each). Returns per judge
-    the metrics (tasks.vab.metrics.judge_metrics), cache hits and the file written."""
+                 n_resamples: int = 2000, prompt_version: str | None = None, temperature: float | None = None) -> dict:
+    """Run ``judges`` on every task of set collection ``sets`` (3 trials each, in the collection's
+    trial scheme; VLMs with ``prompt_version``: ours, or the official three prompt types). Returns
+    per judge the metrics (tasks.vab.metrics.judge_metrics), cache hits and the file written."""
     from tasks.vab.metrics import judge_metrics
-    from tasks.vab.run import batches, resolve_judges, trial_items
-    from tasks.vab.sets import image_paths, load_sets
+    from tasks.vab.prompts import VAB_PROMPT_VERSION
+    from tasks.vab.run import batches, derived_rows, resolve_judges, trial_items
+    from tasks.vab.sets import image_paths, load_sets, trial_scheme
 
     logger = get_run_logger()
     settings = load_settings()
-    specs = resolve_judges(settings, judges)
+    specs = resolve_judges(settings, judges, prompt_version or VAB_PROMPT_VERSION, temperature)
     tasks = load_sets(settings, sets)
-    items = trial_items(tasks, [image_paths(settings, t) for t in tasks])
+    scheme = trial_scheme(settings, sets)
+    paths = [image_paths(settings, t) for t in tasks]
+    items = {official: trial_items(tasks, paths, scheme, official) for official in {s.official for s in specs}}
     cache_dir = str(Path(settings.home) / "cache" / "vab") if use_cache else None
-    futures = {s.name: [judge_batch_task.submit(sets, s, b, cache_dir) for b in batches(items, s, batch_size)] for s in specs}
+    futures = {s.name: [judge_batch_task.submit(sets, s, b, cache_dir) for b in batches(items[s.official], s, batch_size)]
+               for s in specs}
     results: dict[str, dict] = {}
     for spec in specs:
         rows, hits = [], 0
@@ -77,6 +82,8 @@ def vab_run_flow(sets: str, judges: list[str], batch_size: int = DEFAULT_BATCH, 
             r, h = fut.result()
             rows += r
             hits += h
+        if spec.official:
+            rows += derived_rows(rows, tasks)  # eval.py's pick_best_and_worst of 2-image tasks
         path = validate_write_task(settings, sets, spec.name, rows)
         m = judge_metrics(tasks, rows, spec.name, n_resamples=n_resamples)
         m.update(cache_hits=hits, trials=len(rows), file=path)

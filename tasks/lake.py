@@ -60,7 +60,7 @@ DATA_FILE = "data.parquet"
 SCHEMA_DIR = "_schema"  # <lake>/<table>/_schema/data.parquet: typed, zero rows
 PARTITION_PREFIX = "model_id="
 COMPRESSION = "zstd"
-CATALOG_FORMAT = "imagebench-catalog/5"  # /2: model_events view; leaderboard honours retirements; /3: study tables; /4: vab tables and views; /5: compacted per-model tables
+CATALOG_FORMAT = "imagebench-catalog/6"  # /2: model_events view; leaderboard honours retirements; /3: study tables; /4: vab tables and views; /5: compacted per-model tables; /6: vab_trials.prompt_type
 
 PROMPTS_SCHEMA = pa.schema(
     [
@@ -473,15 +473,21 @@ QUALIFY row_number() OVER (PARTITION BY model_id ORDER BY "at" DESC, event DESC)
 
 # VAB (docs/VAB.md): a task is strict right for a judge when all 3 trials (0, 1, 2) are "ok" and
 # right; a missing or invalid trial is wrong. strict_worst is NULL for 2-image tasks, so its mean is
-# over the tasks with a worst label. Same rules as tasks.vab.metrics (tests/vab/test_flow.py).
+# over the tasks with a worst label. Same rules as tasks.vab.metrics (tests/vab/test_flow.py): our
+# combined prompt (prompt_type best_worst, or NULL in older rows) answers all three; the official
+# prompt types answer one each (both = pick_best_and_worst).
 VAB_VIEWS_SQL = (
     """
 CREATE VIEW vab_task_results AS
 SELECT k.sets, j.judge, k.task_id, k.domain, k.n_images,
-    count(DISTINCT CASE WHEN r.state = 'ok' AND r.best = k.best THEN r.trial END) = 3 AS strict_best,
+    count(DISTINCT CASE WHEN r.state = 'ok' AND r.best = k.best
+                             AND coalesce(r.prompt_type, 'best_worst') IN ('best_worst', 'pick_best') THEN r.trial END) = 3 AS strict_best,
     CASE WHEN k.worst IS NULL THEN NULL
-         ELSE count(DISTINCT CASE WHEN r.state = 'ok' AND r.worst = k.worst THEN r.trial END) = 3 END AS strict_worst,
+         ELSE count(DISTINCT CASE WHEN r.state = 'ok' AND r.worst = k.worst
+                                       AND coalesce(r.prompt_type, 'best_worst') IN ('best_worst', 'pick_worst') THEN r.trial END) = 3
+    END AS strict_worst,
     count(DISTINCT CASE WHEN r.state = 'ok' AND r.best = k.best AND (k.worst IS NULL OR r.worst = k.worst)
+                             AND coalesce(r.prompt_type, 'best_worst') IN ('best_worst', 'pick_best_and_worst')
                         THEN r.trial END) = 3 AS strict_both,
     count(r.trial) AS trials
 FROM vab_tasks k

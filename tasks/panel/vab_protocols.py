@@ -31,19 +31,14 @@ from fastapi import FastAPI, Request
 from fastapi.responses import RedirectResponse, Response
 from starlette.concurrency import run_in_threadpool
 
-from schemas.vab import SET_NAME_RE, VabTask
+from schemas.vab import RUBRIC_AVOID, RUBRICS, SET_NAME_RE, VabTask
 from tasks.panel.app import COOKIE, CSP, CSS, MAX_FORM_BYTES, _ID_RE, _message, _page, log, redact_path
 from tasks.panel.blind import BLIND_EXTENSION, BLIND_MEDIA_TYPE, blind_image, opaque_id
 from tasks.panel.store import PanelError, sha256_hex
 from tasks.panel.vab_store import PROTOCOLS, VabPanelStore
 
-# The experts' rubric per domain (the paper's criteria, worded for our panel page).
-RUBRIC_COMMON_AVOID = "Do not consider: your personal taste for the subject, the artist's background, the tools used."
-RUBRICS: dict[str, tuple[str, ...]] = {
-    "fine_art": ("Composition", "Colour and tone", "Technique", "Completion", "Expression"),
-    "photography": ("Composition", "Colour and tone", "Light", "Focus", "Expression"),
-    "illustration": ("Composition", "Colour and tone", "Technique", "Completion", "Expression"),
-}
+# The experts' rubric per domain: schemas.vab.RUBRICS (the paper's criteria; our VLM prompt uses the same).
+RUBRIC_COMMON_AVOID = RUBRIC_AVOID
 
 VAB_CSS = CSS + """
 .grid{display:flex;flex-wrap:wrap;gap:1rem;justify-content:center}.cand{background:#fff;padding:.5rem;border-radius:6px;text-align:center}
@@ -353,9 +348,13 @@ def trials_table(settings, study_id: str):
         rows = [r for r in store.answer_rows() if r["protocol"] == "rank"]
     finally:
         store.dispose()
+    same = [r for r in rows if r["worst"] is not None and r["best"] == r["worst"]]
+    if same:  # the page and the server refuse it; a store edited by hand must not slip one through
+        raise PanelError(f"study {study_id}: {len(same)} answer(s) name the same image best and worst "
+                         f"(expert {same[0]['expert']}, task {same[0]['task_id']}): not exported")
     out = [{"sets": sets, "judge": r["expert"], "judge_kind": "human",
             "judge_identity": f'{{"study": "{study_id}", "protocol": "rank"}}', "task_id": r["task_id"], "trial": 0,
-            "order": r["order"], "best_shown": r["best_shown"], "worst_shown": r["worst_shown"], "best": r["best"],
+            "prompt_type": "best_worst", "order": r["order"], "best_shown": r["best_shown"], "worst_shown": r["worst_shown"], "best": r["best"],
             "worst": r["worst"], "state": "ok", "detail": None, "decided_at": r["answered_at"]} for r in rows]
     return sets, pa.Table.from_pylist(out, schema=VAB_TRIALS)
 

@@ -18,19 +18,12 @@ from typing import Any
 
 import pyarrow as pa
 
-from schemas.vab import TRIALS, VAB_TRIALS
+from schemas.vab import PROMPT_COMBINED, TRIALS, VAB_TRIALS, check_judge_name  # noqa: F401 (check_judge_name: re-exported)
 from tasks.vab.sets import load_sets
 from tasks.vab.tables import check_set_name, read_csv_with_header, replace_judge_trials
-from tasks.vab.trials import check_order, map_back
+from tasks.vab.trials import check_order, map_back, repeated_orders
 
 COLUMNS = ("task_id", "trial", "order", "best", "worst")
-JUDGE_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@+/-]{0,127}$")
-
-
-def check_judge_name(judge: str) -> str:
-    if not isinstance(judge, str) or not JUDGE_NAME_RE.fullmatch(judge):
-        raise ValueError(f"judge name {judge!r} must match {JUDGE_NAME_RE.pattern}")
-    return judge
 
 
 def _int_or_none(text: str, what: str) -> int | None:
@@ -48,6 +41,7 @@ def parse_answers(file: Path, tasks_by_id: dict[str, Any], sets: str, judge: str
     reader = read_csv_with_header(file, COLUMNS)
     now = datetime.now(timezone.utc)
     rows, problems, seen = [], [], {}
+    orders: dict[str, list] = {}  # task -> the orders of its trials (also of rows refused for another reason)
     for line, rec in enumerate(reader, 2):
         tid = (rec.get("task_id") or "").strip()
         where = f"line {line}, task {tid!r}"
@@ -68,6 +62,7 @@ def parse_answers(file: Path, tasks_by_id: dict[str, Any], sets: str, judge: str
             if not all(p.isdigit() for p in parts):
                 raise ValueError(f"order {rec['order']!r} must be space-separated positions")
             order = check_order([int(p) for p in parts], n, "order")
+            orders.setdefault(tid, []).append(order)
             best_shown = _int_or_none(rec["best"], "best")
             worst_shown = _int_or_none(rec["worst"], "worst")
             for what, v in (("best", best_shown), ("worst", worst_shown)):
@@ -75,6 +70,8 @@ def parse_answers(file: Path, tasks_by_id: dict[str, Any], sets: str, judge: str
                     raise ValueError(f"{what}={v} is out of range 1..{n}")
             if n == 2 and worst_shown is not None:
                 raise ValueError(f"a 2-image task has no worst (got worst={worst_shown})")
+            if best_shown is not None and best_shown == worst_shown:
+                raise ValueError(f"best and worst name the same image ({best_shown}): not an answer")
         except ValueError as exc:
             problems.append(f"{where}: {exc}")
             continue
@@ -82,7 +79,7 @@ def parse_answers(file: Path, tasks_by_id: dict[str, Any], sets: str, judge: str
         rows.append({
             "sets": sets, "judge": judge, "judge_kind": "import",
             "judge_identity": json.dumps({"kind": "import", "file": file.name}),
-            "task_id": tid, "trial": trial, "order": order,
+            "task_id": tid, "trial": trial, "prompt_type": PROMPT_COMBINED, "order": order,
             "best_shown": best_shown, "worst_shown": worst_shown,
             "best": None if best_shown is None else map_back(order, best_shown),
             "worst": None if worst_shown is None else map_back(order, worst_shown),
@@ -90,6 +87,10 @@ def parse_answers(file: Path, tasks_by_id: dict[str, Any], sets: str, judge: str
             "detail": None if valid else "no valid answer in the imported file",
             "decided_at": now,
         })
+    for tid, got in orders.items():
+        if len(got) == TRIALS and repeated_orders(got):
+            problems.append(f"task {tid!r}: the 3 trials must show 3 different orders, got "
+                            + ", ".join(" ".join(map(str, o)) for o in got))
     if problems:
         raise ValueError(f"{file}: {len(problems)} bad row(s), nothing imported: " + "; ".join(problems))
     if not rows:

@@ -6,9 +6,10 @@ positions in that shown order (1-based). Mapping back to stored positions is the
 
 - :class:`VlmSetJudge` goes through the existing judge backends (tasks/judges/): the configured
   endpoint, its key handling and redaction, its concurrency slot, image checks (sha256, side limit)
-  and its typed errors. The model must end with ``BEST: <n>`` and (3+ images) ``WORST: <n>``
-  lines; an unparsable answer is asked again (``unparsable_retries``), then recorded with state
-  ``unparsable`` and the raw text in ``detail``: counted wrong, never dropped.
+  and its typed errors. The question and the reading of the answer follow the prompt version
+  (tasks.vab.prompts: ours, or the official toolkit's three prompt types); an unparsable answer is
+  asked again (``unparsable_retries``), then recorded with state ``unparsable`` and the raw text
+  in ``detail``: counted wrong, never dropped.
 - :class:`ScalarSetJudge` wraps any :class:`ImageScorer` (one score per image, higher = better):
   best = argmax, worst = argmin; a tie at the top or bottom is state ``tie`` (a failure, reported).
   Scorers here: :class:`SharpnessScorer` (variance of the Laplacian, dependency-free) and
@@ -25,39 +26,16 @@ import functools
 import hashlib
 import json
 import os
-import re
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-# The question (versioned: its sha256 is part of every VLM judge's identity).
-VAB_PROMPT_VERSION = "vab-best-worst-v1"
-_QUESTION_BOTH = (
-    "You are an expert judge of visual aesthetics. The {n} images above (Image 1 to Image {n}) show "
-    "the same subject in the {domain} domain. Judge them on composition, colour and tone, technique "
-    "or light, completion or focus, and expression; do not consider personal taste for the subject, "
-    "the artist's background or the tools used.\n"
-    "Which image is aesthetically the BEST, and which is the WORST? Explain briefly, then end your "
-    "answer with exactly these two lines:\nBEST: <image number>\nWORST: <image number>"
-)
-_QUESTION_BEST = (
-    "You are an expert judge of visual aesthetics. The {n} images above (Image 1 to Image {n}) show "
-    "the same subject in the {domain} domain. Judge them on composition, colour and tone, technique "
-    "or light, completion or focus, and expression; do not consider personal taste for the subject, "
-    "the artist's background or the tools used.\n"
-    "Which image is aesthetically the BEST? Explain briefly, then end your answer with exactly this "
-    "line:\nBEST: <image number>"
-)
-PROMPT_SHA256 = hashlib.sha256((VAB_PROMPT_VERSION + _QUESTION_BOTH + _QUESTION_BEST).encode()).hexdigest()
+from schemas.vab import PROMPT_COMBINED, TRIAL_SCHEME_LEGACY, TRIAL_SCHEME_OFFICIAL
+from tasks.vab.prompts import (OFFICIAL_ATTEMPTS, OFFICIAL_PROMPT_VERSION, OFFICIAL_TEMPERATURE, PROMPT_VERSIONS,  # noqa: F401
+                               VAB_PROMPT_VERSION, message_parts, parse_answer, parse_best_worst, prompt_sha256, question_for)
 
 STATE_OK, STATE_UNPARSABLE, STATE_ERROR, STATE_TIE = "ok", "unparsable", "error", "tie"
-
-
-def question_for(n: int, domain: str) -> str:
-    """The user text for a set of ``n`` images: best and worst for 3+, best only for 2."""
-    text = _QUESTION_BOTH if n >= 3 else _QUESTION_BEST
-    return text.format(n=n, domain=domain.replace("_", " "))
 
 
 # --- one trial -----------------------------------------------------------------------------------
@@ -71,6 +49,8 @@ class TrialItem:
     image_paths: tuple[str, ...]  # in the shown order
     image_sha256: tuple[str, ...]  # in the shown order
     domain: str = "photography"
+    prompt_type: str = PROMPT_COMBINED  # schemas.vab.PROMPT_TYPES
+    scheme: str = TRIAL_SCHEME_OFFICIAL  # the collection's trial scheme (part of the cache key)
 
     @property
     def n(self) -> int:
@@ -87,42 +67,6 @@ class TrialAnswer:
     detail: str | None = None
 
 
-# --- parsing -------------------------------------------------------------------------------------
-_MARKDOWN = re.compile(r"[*_`#>]")
-_LINE = re.compile(r"^(best|worst)\s*:\s*(?:image\s*)?\[?(\d+)\]?\s*\.?$", re.IGNORECASE)
-
-
-def parse_best_worst(text: str | None, n: int) -> tuple[int | None, int | None, str | None]:
-    """Read the final ``BEST: <n>`` / ``WORST: <n>`` lines of an answer about ``n`` images.
-
-    Only the last non-empty lines count (2 for 3+ images, in either order; 1 for 2 images, ``BEST``).
-    Returns ``(best, worst, None)`` or ``(None, None, why)``; the numbers must be in 1..n and differ.
-    """
-    if not text or not text.strip():
-        return None, None, "empty answer"
-    lines = [_MARKDOWN.sub("", ln).strip() for ln in text.strip().splitlines()]
-    lines = [ln for ln in lines if ln]
-    need = 2 if n >= 3 else 1
-    found: dict[str, int] = {}
-    for ln in lines[-need:]:
-        m = _LINE.match(ln)
-        if not m:
-            return None, None, f"final line {ln[:80]!r} is not 'BEST: <n>'" + (" / 'WORST: <n>'" if need == 2 else "")
-        key = m.group(1).lower()
-        if key in found:
-            return None, None, f"two {key.upper()} lines"
-        found[key] = int(m.group(2))
-    if "best" not in found or (need == 2 and "worst" not in found):
-        return None, None, "missing " + ("BEST" if "best" not in found else "WORST") + " line"
-    best, worst = found["best"], found.get("worst")
-    for label, v in (("BEST", best), ("WORST", worst)):
-        if v is not None and not 1 <= v <= n:
-            return None, None, f"{label}: {v} is out of range 1..{n}"
-    if worst is not None and worst == best:
-        return None, None, f"BEST and WORST name the same image ({best})"
-    return best, worst, None
-
-
 # --- cache ---------------------------------------------------------------------------------------
 class AnswerCache:
     """Settled answers (ok, unparsable after retries, tie) on disk, one JSON file per key under
@@ -133,7 +77,12 @@ class AnswerCache:
 
     @staticmethod
     def key(identity: str, item: TrialItem) -> str:
-        blob = json.dumps([identity, item.n, item.domain, list(item.image_sha256)], separators=(",", ":"))
+        # Answers are reused only under the same trial scheme and prompt type. The first scheme's
+        # combined answers keep the key they were stored under.
+        parts: list = [identity, item.n, item.domain, list(item.image_sha256)]
+        if (item.scheme, item.prompt_type) != (TRIAL_SCHEME_LEGACY, PROMPT_COMBINED):
+            parts += [item.scheme, item.prompt_type]
+        blob = json.dumps(parts, separators=(",", ":"))
         return hashlib.sha256(blob.encode()).hexdigest()
 
     def _path(self, key: str) -> Path:
@@ -179,27 +128,42 @@ class VlmSetJudge:
 
     kind = "vlm"
 
-    def __init__(self, name: str, endpoint: Any, *, unparsable_retries: int = 1, max_attempts: int | None = None) -> None:
+    def __init__(self, name: str, endpoint: Any, *, unparsable_retries: int | None = None, max_attempts: int | None = None,
+                 prompt_version: str = VAB_PROMPT_VERSION, temperature: float | None = None) -> None:
         from tasks.judges.registry import create_judge
 
         if endpoint.backend not in ("openai", "transformers"):
             raise ValueError(f"judge '{name}': backend {endpoint.backend!r} cannot rank image sets (use an openai or transformers VLM)")
+        if prompt_version not in PROMPT_VERSIONS:
+            raise ValueError(f"unknown VAB prompt version {prompt_version!r}; versions: {', '.join(PROMPT_VERSIONS)}")
         self.name = name
         self.endpoint = endpoint
         self.backend = create_judge(name, endpoint)
+        self.prompt_version = prompt_version
+        official = prompt_version == OFFICIAL_PROMPT_VERSION
+        # ours is greedy; the official prompt is sampled at eval.py's temperature unless told otherwise
+        self.temperature = (OFFICIAL_TEMPERATURE if official else 0.0) if temperature is None else float(temperature)
+        if unparsable_retries is None:
+            unparsable_retries = OFFICIAL_ATTEMPTS - 1 if official else 1
         self.unparsable_retries = unparsable_retries
         self.max_attempts = max_attempts if max_attempts is not None else 1 + endpoint.max_retries
         self._down: str | None = None  # set when the judge itself is absent or misconfigured (as the router does)
 
+    def sampling(self) -> dict[str, Any]:
+        """What the answers were sampled with (a local transformers model decodes greedily)."""
+        if self.endpoint.backend == "openai":
+            return {**self.backend.sampling(), "temperature": self.temperature}
+        return self.backend.sampling()
+
     def identity(self) -> str:
         return _canonical({
             "kind": "vlm", "judge": self.name, "model": self.endpoint.model, "backend": self.endpoint.backend,
-            "endpoint": self.backend.endpoint_label, "prompt": VAB_PROMPT_VERSION, "prompt_sha256": PROMPT_SHA256,
-            "sampling": self.backend.sampling(),
+            "endpoint": self.backend.endpoint_label, "prompt": self.prompt_version,
+            "prompt_sha256": prompt_sha256(self.prompt_version), "sampling": self.sampling(),
         })
 
     # one request -------------------------------------------------------------------------------
-    async def _ask_openai(self, item: TrialItem, text: str) -> str:
+    async def _ask_openai(self, item: TrialItem, parts: list) -> str:
         from tasks.judges.base import JudgeUnavailable, read_image
         from tasks.judges.openai_compat import redact
 
@@ -212,14 +176,17 @@ class VlmSetJudge:
             if self._down is not None:  # went down while this trial waited for the slot
                 raise JudgeUnavailable(self._down, retryable=False)
             content: list[dict[str, Any]] = []
-            for i, (path, sha) in enumerate(zip(item.image_paths, item.image_sha256, strict=True), 1):
+            for part in parts:
+                if isinstance(part, str):
+                    content.append({"type": "text", "text": part})
+                    continue
+                path, sha = item.image_paths[part], item.image_sha256[part]
                 img = await asyncio.to_thread(read_image, Path(path), sha, self.name, self.endpoint.max_image_side)
                 url = f"data:{img.mime};base64,{base64.b64encode(img.data).decode('ascii')}"
-                content += [{"type": "text", "text": f"Image {i}:"}, {"type": "image_url", "image_url": {"url": url}}]
-            content.append({"type": "text", "text": text})
+                content.append({"type": "image_url", "image_url": {"url": url}})
             payload = {
                 "model": self.endpoint.model, "messages": [{"role": "user", "content": content}],
-                "temperature": 0, "max_tokens": self.endpoint.max_tokens, "seed": j.sampling().get("seed"),
+                "temperature": self.temperature, "max_tokens": self.endpoint.max_tokens, "seed": j.sampling().get("seed"),
             }
             resp, _latency = await j._send("/chat/completions", payload)
         j._check_status(resp)
@@ -227,12 +194,12 @@ class VlmSetJudge:
         j._check_model(data.get("model"))
         return redact(answer) or ""
 
-    async def _ask_transformers(self, item: TrialItem, text: str) -> str:
+    async def _ask_transformers(self, item: TrialItem, parts: list) -> str:
         from tasks.vab.local_vlm import ask_local_set
 
-        return await asyncio.to_thread(ask_local_set, self.backend, item, text)
+        return await asyncio.to_thread(ask_local_set, self.backend, item, parts)
 
-    async def _ask_with_retries(self, item: TrialItem, text: str) -> str:
+    async def _ask_with_retries(self, item: TrialItem, parts: list) -> str:
         from tasks.judges.base import JudgeError, JudgeUnavailable
 
         ask = self._ask_openai if self.endpoint.backend == "openai" else self._ask_transformers
@@ -240,7 +207,7 @@ class VlmSetJudge:
             if self._down is not None:  # no more requests to a judge that is down: every trial says why
                 raise JudgeUnavailable(self._down, retryable=False)
             try:
-                return await ask(item, text)
+                return await ask(item, parts)
             except JudgeError as exc:
                 if getattr(exc, "judge_down", False):
                     self._down = str(exc)
@@ -253,15 +220,15 @@ class VlmSetJudge:
     async def ajudge_one(self, item: TrialItem) -> TrialAnswer:
         from tasks.judges.base import JudgeError
 
-        text = question_for(item.n, item.domain)
+        parts = message_parts(self.prompt_version, item.prompt_type, item.n, item.domain)
         why = ""
         raw = ""
         for _ in range(1 + self.unparsable_retries):
             try:
-                raw = await self._ask_with_retries(item, text)
+                raw = await self._ask_with_retries(item, parts)
             except JudgeError as exc:
                 return TrialAnswer(None, None, STATE_ERROR, f"{type(exc).__name__}: {exc}")
-            best, worst, why = parse_best_worst(raw, item.n)
+            best, worst, why = parse_answer(self.prompt_version, item.prompt_type, raw, item.n)
             if why is None:
                 return TrialAnswer(best, worst, STATE_OK)
         return TrialAnswer(None, None, STATE_UNPARSABLE, f"{why}; answer ended: {raw.strip()[-200:]!r}")

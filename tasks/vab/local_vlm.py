@@ -1,5 +1,6 @@
 """A set of images to the local transformers judge (tasks/judges/transformers_backend.py): one chat
-turn with every image of the trial, in the shown order, each preceded by "Image i:". Same loading
+turn with every image of the trial, in the shown order, laid out as the prompt version says
+(tasks.vab.prompts.message_parts). Same loading
 (once per process), pixel pipeline and greedy decoding as the single-image judge; the model lock
 serialises generation with the other users of the same model.
 """
@@ -12,8 +13,9 @@ from tasks.judges.base import JudgeInputError, JudgeUnavailable, read_image
 from tasks.judges.transformers_backend import IMAGE_PAD, TransformersJudge
 
 
-def ask_local_set(judge: TransformersJudge, item: Any, text: str) -> str:
-    """Greedy answer of the judge's local VLM to ``text`` about ``item``'s images (a TrialItem)."""
+def ask_local_set(judge: TransformersJudge, item: Any, parts: list) -> str:
+    """Greedy answer of the judge's local VLM to the message ``parts`` (text, and image slots
+    0-based in the shown order: tasks.vab.prompts.message_parts) about ``item``'s images."""
     import numpy as np
     import torch
 
@@ -30,9 +32,8 @@ def ask_local_set(judge: TransformersJudge, item: Any, text: str) -> str:
             f"transformers judge '{judge.name}': cannot load {judge.endpoint.model!r}: {type(exc).__name__}: {exc}",
             retryable=False, judge_down=True,
         ) from exc
-    content: list[dict[str, Any]] = []
     pixels, grids, n_tokens = [], [], []
-    for i, path in enumerate(item.image_paths, 1):
+    for path in item.image_paths:
         try:
             pv, grid = patchify(resize_for_hpsv3(load_image(path), vlm.vision), vlm.vision)
         except (OSError, ValueError) as exc:
@@ -40,8 +41,10 @@ def ask_local_set(judge: TransformersJudge, item: Any, text: str) -> str:
         pixels.append(pv)
         grids.append(grid)
         n_tokens.append(grid[0] * grid[1] * grid[2] // (vlm.vision.merge_size**2))
-        content += [{"type": "text", "text": f"Image {i}:"}, {"type": "image"}]
-    content.append({"type": "text", "text": text})
+    slots = [p for p in parts if not isinstance(p, str)]
+    if slots != list(range(item.n)):  # the pixels are concatenated in shown order
+        raise JudgeInputError(f"message names image slots {slots}, expected 0..{item.n - 1} in order")
+    content = [{"type": "text", "text": p} if isinstance(p, str) else {"type": "image"} for p in parts]
     prompt = vlm.tokenizer.apply_chat_template(
         [{"role": "user", "content": content}], chat_template=vlm.chat_template, tokenize=False, add_generation_prompt=True
     )

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from schemas.vab import TRIALS, VAB_TRIAL_STATES, VabTask
+from schemas.vab import OFFICIAL_PROMPT_TYPES, PICK_BEST, PICK_BEST_AND_WORST, PICK_WORST, PROMPT_COMBINED, TRIALS, VAB_TRIAL_STATES, VabTask
 
 N_RESAMPLES = 2000
 HUMAN_TRIALS = 1  # experts answer each task once (docs/VAB.md, "People")
@@ -41,6 +41,8 @@ class TaskOutcome:
     best_trials: tuple[bool, ...]
     worst_trials: tuple[bool, ...] | None  # None: a 2-image task (no worst label)
     trials_present: int
+    # official prompt types: both comes from the pick_best_and_worst answers, not from best and worst
+    both_override: tuple[bool, ...] | None = None
 
     @property
     def has_worst(self) -> bool:
@@ -48,6 +50,8 @@ class TaskOutcome:
 
     @property
     def both_trials(self) -> tuple[bool, ...]:
+        if self.both_override is not None:
+            return self.both_override
         if self.worst_trials is None:
             return self.best_trials
         return tuple(b and w for b, w in zip(self.best_trials, self.worst_trials))
@@ -88,31 +92,45 @@ def task_outcomes(tasks: Sequence[VabTask], trials: Any, judge: str) -> list[Tas
     if len(by_id) != len(tasks):
         dup = next(i for i, c in Counter(t.task_id for t in tasks).items() if c > 1)
         raise ValueError(f"task {dup!r} appears twice in the set collection")
-    seen: dict[tuple[str, int], dict] = {}
+    seen: dict[tuple[str, str, int], dict] = {}
     rows = [r for r in _rows(trials) if r["judge"] == judge]
     required = HUMAN_TRIALS if any(r.get("judge_kind") == "human" for r in rows) else TRIALS
+    types = {r.get("prompt_type") or PROMPT_COMBINED for r in rows}
+    official = bool(types & set(OFFICIAL_PROMPT_TYPES))
+    if official and PROMPT_COMBINED in types:
+        raise ValueError(f"judge {judge!r} has answers to our combined question and to the official prompt types: "
+                         f"import or run them under two judge names")
     for r in rows:
-        tid, trial = r["task_id"], r["trial"]
+        tid, trial, pt = r["task_id"], r["trial"], r.get("prompt_type") or PROMPT_COMBINED
         if tid not in by_id:
             raise ValueError(f"judge {judge!r}: task {tid!r} is not in the set collection")
         if trial not in range(TRIALS):
             raise ValueError(f"judge {judge!r}, task {tid!r}: trial {trial!r} is not 0..{TRIALS - 1}")
         if r["state"] not in VAB_TRIAL_STATES:
             raise ValueError(f"judge {judge!r}, task {tid!r}, trial {trial}: unknown state {r['state']!r}")
-        if (tid, trial) in seen:
-            raise ValueError(f"judge {judge!r}, task {tid!r}: trial {trial} is recorded twice")
-        seen[(tid, trial)] = r
+        if (tid, pt, trial) in seen:
+            raise ValueError(f"judge {judge!r}, task {tid!r}: trial {trial}" + (f" of {pt}" if official else "") + " is recorded twice")
+        seen[(tid, pt, trial)] = r
+
+    def right(r: dict | None, best: bool, worst: bool, task: VabTask) -> bool:
+        if r is None or r["state"] != "ok":
+            return False
+        return (not best or r["best"] == task.best) and (not worst or task.worst is None or r["worst"] == task.worst)
+
     out = []
     for t in tasks:
-        best, worst, present = [], [], 0
-        for trial in range(required):
-            r = seen.get((t.task_id, trial))
-            ok = r is not None and r["state"] == "ok"
-            present += r is not None
-            best.append(bool(ok and r["best"] == t.best))
-            worst.append(bool(ok and r["worst"] == t.worst))
-        n = len(t.images)
-        out.append(TaskOutcome(t.task_id, t.domain, n, tuple(best), tuple(worst) if t.worst is not None else None, present))
+        n, tid = len(t.images), t.task_id
+        if official:  # strict over each prompt type's own answers; both = pick_best_and_worst (derived for 2 images)
+            best = tuple(right(seen.get((tid, PICK_BEST, k)), True, False, t) for k in range(required))
+            worst = tuple(right(seen.get((tid, PICK_WORST, k)), False, True, t) for k in range(required))
+            both = tuple(right(seen.get((tid, PICK_BEST_AND_WORST, k)), True, True, t) for k in range(required))
+            present = sum((tid, PICK_BEST_AND_WORST, k) in seen for k in range(required))
+            out.append(TaskOutcome(tid, t.domain, n, best, worst if t.worst is not None else None, present, both))
+            continue
+        got = [seen.get((tid, PROMPT_COMBINED, k)) for k in range(required)]
+        best = tuple(right(r, True, False, t) for r in got)
+        worst = tuple(bool(r is not None and r["state"] == "ok" and r["worst"] == t.worst) for r in got)
+        out.append(TaskOutcome(tid, t.domain, n, best, worst if t.worst is not None else None, sum(r is not None for r in got)))
     return out
 
 
@@ -198,9 +216,12 @@ def position_bias(tasks: Sequence[VabTask], trials: Any, judge: str, what: str =
         raise ValueError(f"what must be 'best' or 'worst', got {what!r}")
     sizes = {t.task_id: len(t.images) for t in tasks}
     col = f"{what}_shown"
+    asked = (PROMPT_COMBINED, PICK_BEST if what == "best" else PICK_WORST)  # one answer per shown order
     counts: dict[int, Counter] = defaultdict(Counter)
     for r in _rows(trials):
         if r["judge"] != judge or r["state"] != "ok" or r.get(col) is None or r["task_id"] not in sizes:
+            continue
+        if (r.get("prompt_type") or PROMPT_COMBINED) not in asked:
             continue
         n = sizes[r["task_id"]]
         slot = int(r[col])

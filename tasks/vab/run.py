@@ -18,8 +18,10 @@ from typing import Any
 
 import pyarrow as pa
 
-from schemas.vab import TRIALS, VAB_TRIALS, VabTask
+from schemas.vab import (OFFICIAL_PROMPT_TYPES, PICK_BEST, PICK_BEST_AND_WORST, PROMPT_COMBINED, TRIAL_SCHEME_OFFICIAL, VAB_TRIALS,
+                         VabTask)
 from tasks.vab.judges import AnswerCache, HPSv3ImageScorer, ScalarSetJudge, SetJudge, SharpnessScorer, TrialAnswer, TrialItem, VlmSetJudge, judge_with_cache
+from tasks.vab.prompts import OFFICIAL_PROMPT_VERSION, VAB_PROMPT_VERSION
 from tasks.vab.trials import map_back, trial_orders
 
 SCALAR_JUDGES = ("sharpness", "hpsv3")
@@ -33,10 +35,16 @@ class JudgeSpec:
     kind: str  # "vlm" | "scalar"
     endpoint: Any = None  # schemas.judges.Endpoint for a VLM
     hpsv3: tuple[str, str, bool] | None = None  # base model, checkpoint, uncalibrated
+    prompt_version: str = VAB_PROMPT_VERSION  # a VLM's (tasks.vab.prompts); scalar judges answer the combined question
+    temperature: float | None = None  # None: the prompt version's default
+
+    @property
+    def official(self) -> bool:
+        return self.kind == "vlm" and self.prompt_version == OFFICIAL_PROMPT_VERSION
 
     def build(self) -> SetJudge:
         if self.kind == "vlm":
-            return VlmSetJudge(self.name, self.endpoint)
+            return VlmSetJudge(self.name, self.endpoint, prompt_version=self.prompt_version, temperature=self.temperature)
         if self.name == "sharpness":
             return ScalarSetJudge(SharpnessScorer())
         if self.name == "hpsv3" and self.hpsv3 is not None:
@@ -45,9 +53,34 @@ class JudgeSpec:
         raise ValueError(f"judge {self.name!r}: unknown scalar scorer")
 
 
-def resolve_judges(settings: Any, names: Sequence[str]) -> list[JudgeSpec]:
+def hpsv3_weights_problem(settings: Any) -> str | None:
+    """One line naming the fix when the HPSv3 weights (or the base model's config) are neither a
+    local path nor in the Hugging Face cache. Checked before anything starts, without torch and
+    without the network (a hub download attempt is what used to take 37 s to fail)."""
+    from huggingface_hub import try_to_load_from_cache
+
+    for what, value, filename in (("checkpoint", settings.hpsv3_checkpoint, "HPSv3.safetensors"),
+                                  ("base model", settings.hpsv3_base_model, "config.json")):
+        text = str(value)
+        if Path(text).expanduser().exists():
+            continue
+        looks_local = text.startswith((".", "/", "~")) or text.count("/") > 1 or text.endswith(".safetensors")
+        if not looks_local and isinstance(try_to_load_from_cache(text, filename), str):
+            continue
+        where = "not found" if looks_local else "not in the Hugging Face cache"
+        return (f"judge 'hpsv3': HPSv3 {what} {text!r} {where}: run `imagebench demo` once for the demo weights "
+                f"(UNCALIBRATED), or set IMAGEBENCH_HPSV3_CHECKPOINT (and IMAGEBENCH_HPSV3_BASE_MODEL) to the real ones")
+    return None
+
+
+def resolve_judges(settings: Any, names: Sequence[str], prompt_version: str = VAB_PROMPT_VERSION,
+                   temperature: float | None = None) -> list[JudgeSpec]:
     """Specs for judge names; an unknown name is one clear error listing what is known."""
     from tasks.judges.config import load_judges_config
+    from tasks.vab.prompts import PROMPT_VERSIONS
+
+    if prompt_version not in PROMPT_VERSIONS:
+        raise ValueError(f"unknown VAB prompt version {prompt_version!r}; versions: {', '.join(PROMPT_VERSIONS)}")
 
     if not names:
         raise ValueError("name at least one judge (--judge sharpness, --judge hpsv3, or a judge of the endpoints config)")
@@ -60,13 +93,16 @@ def resolve_judges(settings: Any, names: Sequence[str]) -> list[JudgeSpec]:
         if name == "sharpness":
             specs.append(JudgeSpec(name, "scalar"))
         elif name == "hpsv3":
+            problem = hpsv3_weights_problem(settings)
+            if problem:
+                raise ValueError(problem)
             # uncalibrated demo weights are detected from the checkpoint's metadata by the scorer
             specs.append(JudgeSpec(name, "scalar", hpsv3=(str(settings.hpsv3_base_model), str(settings.hpsv3_checkpoint), False)))
         elif name in endpoints:
             ep = endpoints[name]
             if ep.backend not in ("openai", "transformers"):
                 raise ValueError(f"judge {name!r}: backend {ep.backend!r} cannot rank image sets (openai or transformers VLMs only)")
-            specs.append(JudgeSpec(name, "vlm", endpoint=ep))
+            specs.append(JudgeSpec(name, "vlm", endpoint=ep, prompt_version=prompt_version, temperature=temperature))
         else:
             known = sorted(SCALAR_JUDGES) + sorted(n for n, e in endpoints.items() if e.backend in ("openai", "transformers"))
             src = f" (endpoints config {settings.judges_config})" if settings.judges_config else " (no endpoints config: IMAGEBENCH_JUDGES_CONFIG)"
@@ -74,19 +110,40 @@ def resolve_judges(settings: Any, names: Sequence[str]) -> list[JudgeSpec]:
     return specs
 
 
-def trial_items(tasks: Sequence[VabTask], paths: Sequence[Sequence[Path]]) -> list[TrialItem]:
-    """The 3 trials of every task: images in each trial's shown order (tasks.vab.trials)."""
+def trial_items(tasks: Sequence[VabTask], paths: Sequence[Sequence[Path]], scheme: str = TRIAL_SCHEME_OFFICIAL,
+                official: bool = False) -> list[TrialItem]:
+    """The 3 trials of every task, images in each trial's shown order (tasks.vab.trials, under the
+    collection's ``scheme``): one combined question each, or (``official``) each of eval.py's prompt
+    types (pick_best_and_worst for 3+ images only: for 2 it is derived, :func:`derived_rows`)."""
     items = []
     for task, task_paths in zip(tasks, paths, strict=True):
-        shas = list(task.image_sha256) or [""] * len(task.images)
-        for trial, order in enumerate(trial_orders(task.task_id, len(task.images))):
-            items.append(TrialItem(
-                task_id=task.task_id, trial=trial, order=tuple(order),
-                image_paths=tuple(str(task_paths[p - 1]) for p in order),
-                image_sha256=tuple(shas[p - 1] for p in order), domain=task.domain,
-            ))
-    assert len(items) == TRIALS * len(tasks)
+        n = len(task.images)
+        shas = list(task.image_sha256) or [""] * n
+        types = [pt for pt in OFFICIAL_PROMPT_TYPES if not (pt == PICK_BEST_AND_WORST and n == 2)] if official else [PROMPT_COMBINED]
+        for pt in types:
+            for trial, order in enumerate(trial_orders(task.task_id, n, scheme)):
+                items.append(TrialItem(
+                    task_id=task.task_id, trial=trial, order=tuple(order),
+                    image_paths=tuple(str(task_paths[p - 1]) for p in order),
+                    image_sha256=tuple(shas[p - 1] for p in order), domain=task.domain, prompt_type=pt, scheme=scheme,
+                ))
     return items
+
+
+def derived_rows(rows: Sequence[dict], tasks: Sequence[VabTask]) -> list[dict]:
+    """eval.py's pick_best_and_worst rows of 2-image tasks, derived from pick_best answers that were
+    read (best = the answer, worst = the other image); none for an error or an unparsable answer."""
+    two = {t.task_id for t in tasks if len(t.images) == 2}
+    have = {(r["task_id"], r["trial"]) for r in rows if r.get("prompt_type") == PICK_BEST_AND_WORST}
+    out = []
+    for r in rows:
+        if (r.get("prompt_type") == PICK_BEST and r["task_id"] in two and r["state"] == "ok"
+                and (r["task_id"], r["trial"]) not in have):
+            order = list(r["order"])
+            other_shown = 2 if r["best_shown"] == 1 else 1
+            out.append({**r, "prompt_type": PICK_BEST_AND_WORST, "worst_shown": other_shown,
+                        "worst": map_back(order, other_shown), "detail": "derived from pick_best"})
+    return out
 
 
 def trial_rows(sets: str, judge: SetJudge, items: Sequence[TrialItem], answers: Sequence[TrialAnswer]) -> list[dict]:
@@ -97,7 +154,7 @@ def trial_rows(sets: str, judge: SetJudge, items: Sequence[TrialItem], answers: 
     for it, a in zip(items, answers, strict=True):
         rows.append({
             "sets": sets, "judge": judge.name, "judge_kind": judge.kind, "judge_identity": identity,
-            "task_id": it.task_id, "trial": it.trial, "order": list(it.order),
+            "task_id": it.task_id, "trial": it.trial, "prompt_type": it.prompt_type, "order": list(it.order),
             "best_shown": a.best_shown, "worst_shown": a.worst_shown,
             "best": map_back(it.order, a.best_shown) if a.best_shown is not None else None,
             "worst": map_back(it.order, a.worst_shown) if a.worst_shown is not None else None,
@@ -122,4 +179,5 @@ def batches(items: Sequence[TrialItem], spec: JudgeSpec, size: int) -> list[list
 
 
 def trials_table(rows: Sequence[dict]) -> pa.Table:
-    return pa.Table.from_pylist(list(rows), schema=VAB_TRIALS).sort_by([("judge", "ascending"), ("task_id", "ascending"), ("trial", "ascending")])
+    return pa.Table.from_pylist(list(rows), schema=VAB_TRIALS).sort_by(
+        [("judge", "ascending"), ("task_id", "ascending"), ("prompt_type", "ascending"), ("trial", "ascending")])

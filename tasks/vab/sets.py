@@ -1,7 +1,7 @@
 """VAB set collections: import, pin, load.
 
 A collection (``--sets S``) comes from our JSONL manifest (:func:`import_manifest`) or from the
-official release's Parquet files (:func:`import_parquet`). Every image goes through the ingest
+official release's Parquet files (:func:`import_release`, tasks.vab.release). Every image goes through the ingest
 validation (tasks.ingest.inspect_image), is hashed and copied into the workspace's
 content-addressed image cache; the tasks are validated by schemas.vab.VabTask.
 
@@ -11,7 +11,7 @@ line per bad task, all of them at once; nothing is written unless ``skip_bad`` k
 tasks (the rejected ones are then recorded beside the pinned copy).
 
 Pinned copy: ``$IMAGEBENCH_HOME/vab/sets/<S>/tasks.jsonl`` plus ``pin.json`` (its sha256, source,
-rejected tasks). Create-once: importing the same content again is a no-op, other content under
+rejected tasks, trial scheme: :func:`trial_scheme`). Create-once: importing the same content again is a no-op, other content under
 the same name is refused. The lake table ``vab_tasks`` (partition ``sets=<S>``) holds the same
 rows for SQL. :func:`load_sets` reads the pinned copy and checks its hash.
 """
@@ -30,7 +30,7 @@ from typing import Any
 import pyarrow as pa
 from pydantic import ValidationError
 
-from schemas.vab import DOMAINS, MAX_IMAGES, MIN_IMAGES, VabTask
+from schemas.vab import DOMAINS, MAX_IMAGES, MIN_IMAGES, TRIAL_SCHEME_LEGACY, TRIAL_SCHEME_OFFICIAL, TRIAL_SCHEMES, VabTask
 from tasks.ingest import DEFAULT_LIMITS, ImageLimits, Rejected, cache_image, cache_relpath, inspect_image
 from tasks.storage import atomic_write
 from tasks.vab.tables import check_set_name, read_csv_with_header, write_partition
@@ -64,6 +64,7 @@ class RawTask:
     worst: Any
     expert_labels: Any = None
     extra: dict = field(default_factory=dict)
+    labels: Any = None  # the release's letters (stored order)
 
 
 def _name(raw: RawTask) -> str:
@@ -123,7 +124,8 @@ def validate_tasks(raws: Sequence[RawTask], home: Path, limits: ImageLimits = DE
             continue
         try:
             task = VabTask(task_id=raw.task_id, domain=raw.domain, substyle=raw.substyle, images=rels,
-                           image_sha256=shas, best=raw.best, worst=raw.worst, expert_labels=raw.expert_labels)
+                           image_sha256=shas, best=raw.best, worst=raw.worst, expert_labels=raw.expert_labels,
+                           labels=raw.labels)
         except ValidationError as exc:
             problems[name] = _short(exc, raw.task_id)
             continue
@@ -137,7 +139,8 @@ def _pin_dir(settings: Any, name: str) -> Path:
 
 
 def _tasks_jsonl(tasks: Sequence[VabTask]) -> bytes:
-    return "".join(t.model_dump_json() + "\n" for t in tasks).encode()
+    # `labels` only where the release has them: a manifest pinned before the field existed keeps its hash
+    return "".join(t.model_dump_json(exclude={"labels"} if t.labels is None else None) + "\n" for t in tasks).encode()
 
 
 def _lake_rows(name: str, tasks: Sequence[VabTask]) -> pa.Table:
@@ -192,7 +195,7 @@ def store_sets(settings: Any, name: str, raws: Sequence[RawTask], source: str, s
     atomic_write(pdir / TASKS_FILE, body)
     write_partition(Lake(settings.lake_dir), "vab_tasks", name, _lake_rows(name, tasks))
     meta = {"format": PIN_FORMAT, "name": name, "sha256": sha, "tasks": len(tasks), "source": source,
-            "rejected": problems, "pinned_at": datetime.now(timezone.utc).isoformat()}
+            "trial_scheme": TRIAL_SCHEME_OFFICIAL, "rejected": problems, "pinned_at": datetime.now(timezone.utc).isoformat()}
     atomic_write(pin, (json.dumps(meta, indent=2) + "\n").encode())  # last: the pin marks a complete import
     return ImportResult(name, len(tasks), problems, False, pdir)
 
@@ -248,90 +251,51 @@ def read_manifest(file: Path, problems: dict[str, str] | None = None) -> list[Ra
     return raws
 
 
+def zero_based_hint(raws: Sequence[RawTask]) -> str | None:
+    """Why the labels of ``raws`` look 0-based, or None. Positions are 1-based: a file where some
+    task names position 0 and no task ever names its last image has every label shifted by one;
+    ``--skip-bad`` would otherwise import the tasks whose shifted labels happen to be in range."""
+    zeros = last = 0
+    for r in raws:
+        n = len(r.images)
+        for v in (r.best, r.worst):
+            if isinstance(v, int) and not isinstance(v, bool):
+                zeros += v == 0
+                last += v == n
+    if zeros and not last:
+        return (f"{zeros} label(s) name position 0 and none names a set's last image: best/worst look 0-based, "
+                f"they are 1-based (add 1 to every best and worst); nothing imported")
+    return None
+
+
 def import_manifest(settings: Any, file: Path, name: str, skip_bad: bool = False) -> ImportResult:
-    """`imagebench vab import-sets FILE.jsonl --name S`."""
+    """`imagebench vab import-sets FILE.jsonl --name S`. A file whose labels look 0-based is
+    refused whole, even with ``skip_bad`` (:func:`zero_based_hint`)."""
     check_set_name(name)
     problems: dict[str, str] = {}
     raws = read_manifest(file, problems)
+    hint = zero_based_hint(raws)
+    if hint:
+        raise ValueError(f"{file}: {hint}")
     return store_sets(settings, name, raws, str(file), skip_bad, read_problems=problems)
 
 
-# The official release's Parquet layout as we read it (docs/VAB.md): one row per task, columns
-# task_id (or id), domain, optional substyle, images (list of image structs {bytes, path} as the
-# Hugging Face `datasets` Image feature writes them, or of binary), best, worst (1-based in the
-# images' order; worst null for 2 images), optional expert_labels (JSON text or list of structs).
-OFFICIAL_ALIASES = {"task_id": ("task_id", "id"), "domain": ("domain",), "images": ("images", "image_list"),
-                    "best": ("best", "best_index"), "worst": ("worst", "worst_index")}
+def import_release(settings: Any, path: Path, name: str, skip_bad: bool = False) -> ImportResult:
+    """The official release (gated: the user downloads it) from a local file or folder
+    (tasks.vab.release)."""
+    from tasks.vab.release import read_release
 
-
-def _parquet_files(path: Path) -> list[Path]:
-    if path.is_dir():
-        files = sorted(p for p in path.rglob("*.parquet") if p.is_file())
-        if not files:
-            raise ValueError(f"{path}: no .parquet file in this folder")
-        return files
-    if not path.is_file():
-        raise ValueError(f"{path}: no such file or folder")
-    return [path]
-
-
-def read_official_parquet(path: Path) -> list[RawTask]:
-    """The official release's Parquet files (a file, or a folder of them, read in name order)."""
-    import pyarrow.parquet as pq
-
-    raws: list[RawTask] = []
-    for file in _parquet_files(Path(path)):
-        try:
-            table = pq.read_table(file)
-        except (OSError, ValueError) as exc:  # ArrowInvalid is a ValueError
-            raise ValueError(f"{file}: not a readable Parquet file: {exc}") from None
-        cols: dict[str, str] = {}
-        for want, names in OFFICIAL_ALIASES.items():
-            found = next((n for n in names if n in table.column_names), None)
-            if found is None and want != "worst":
-                raise ValueError(f"{file}: no column {' or '.join(names)} (columns: {', '.join(table.column_names)})")
-            if found:
-                cols[want] = found
-        for i, row in enumerate(table.to_pylist()):
-            images = []
-            for k, img in enumerate(row[cols["images"]] or []):
-                label = f"{file.name}[{i}].images[{k}]"
-                if isinstance(img, dict):
-                    label = img.get("path") or label
-                    data = img.get("bytes")
-                    if data is None and img.get("path"):
-                        p = Path(img["path"])
-                        p = p if p.is_absolute() else file.parent / p
-                        images.append((label, (lambda p=p: p.read_bytes())))
-                        continue
-                else:
-                    data = img
-                images.append((label, (lambda d=data: d if isinstance(d, bytes) else b"")))
-            labels = row.get("expert_labels")
-            if isinstance(labels, str):
-                try:
-                    labels = json.loads(labels)
-                except json.JSONDecodeError:
-                    labels = None
-            worst = row.get(cols["worst"]) if "worst" in cols else None
-            raws.append(RawTask(f"{file.name} row {i}", row[cols["task_id"]], row[cols["domain"]], row.get("substyle"),
-                                images, row[cols["best"]], worst, labels))
-    if not raws:
-        raise ValueError(f"{path}: the Parquet file(s) hold no task")
-    return raws
-
-
-def import_parquet(settings: Any, path: Path, name: str, skip_bad: bool = False) -> ImportResult:
-    """The official release (gated: the user downloads it) from a local file or folder."""
     check_set_name(name)
-    return store_sets(settings, name, read_official_parquet(Path(path)), str(path), skip_bad)
+    problems: dict[str, str] = {}
+    raws = read_release(Path(path), problems)
+    return store_sets(settings, name, raws, str(path), skip_bad, read_problems=problems)
 
 
 def import_any(settings: Any, path: Path, name: str, skip_bad: bool = False) -> ImportResult:
-    """``vab import-sets``: a ``.parquet`` file or a folder is the official layout, else our JSONL."""
+    """``vab import-sets``: a ``.parquet`` file or a folder is the official release, else our JSONL."""
     path = Path(path)
     if path.is_dir() or path.suffix == ".parquet":
-        return import_parquet(settings, path, name, skip_bad)
+        return import_release(settings, path, name, skip_bad)
     return import_manifest(settings, path, name, skip_bad)
 
 
@@ -431,6 +395,18 @@ def load_sets(settings: Any, name: str) -> list[VabTask]:
     if hashlib.sha256(body).hexdigest() != meta.get("sha256"):
         raise ValueError(f"{body_path}: does not match its pin (sha256 in {pin}): the pinned copy was changed")
     return [VabTask.model_validate_json(line) for line in body.decode().splitlines() if line.strip()]
+
+
+def trial_scheme(settings: Any, name: str) -> str:
+    """The trial scheme recorded in the collection's pin (schemas.vab.TRIAL_SCHEMES); a pin made
+    before schemes were recorded keeps the first one."""
+    pin = _pin_dir(settings, name) / PIN_FILE
+    if not pin.is_file():
+        raise LookupError(f"set collection {name!r} not found: import it with imagebench vab import-sets FILE --name {name}")
+    scheme = json.loads(pin.read_text()).get("trial_scheme", TRIAL_SCHEME_LEGACY)
+    if scheme not in TRIAL_SCHEMES:
+        raise ValueError(f"{pin}: unknown trial scheme {scheme!r}")
+    return scheme
 
 
 def image_paths(settings: Any, task: VabTask) -> list[Path]:

@@ -16,7 +16,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from schemas.vab import SET_NAME_RE, VAB_TABLES
+from schemas.vab import SET_NAME_RE, VAB_TABLES, check_judge_name
 from tasks.lake import DATA_FILE, Lake, LakeSchemaError, _atomic_write_parquet, conform
 
 SETS_PARTITION_PREFIX = "sets="
@@ -75,7 +75,9 @@ def read_partition(lake: Lake, table: str, sets: str) -> pa.Table:
 
 def replace_judge_trials(lake: Lake, sets: str, judge: str, data: Any) -> Path:
     """Replace ``judge``'s rows of ``vab_trials`` in the collection (other judges' rows kept):
-    a re-import or re-run of one judge never touches another's answers."""
+    a re-import or re-run of one judge never touches another's answers. Every writer of judge rows
+    (runs, imports, experts) comes through here: the one judge-name rule is checked here."""
+    check_judge_name(judge)
     new = conform("vab_trials", data)
     if new.num_rows and set(new.column("judge").to_pylist()) != {judge}:
         raise LakeSchemaError(f"vab_trials: rows of judge {judge!r} expected, got {sorted(set(new.column('judge').to_pylist()))}")
@@ -83,6 +85,19 @@ def replace_judge_trials(lake: Lake, sets: str, judge: str, data: Any) -> Path:
         old = read_partition(lake, "vab_trials", sets)
         kept = old.filter(pc.not_equal(old.column("judge"), judge)) if old.num_rows else old
         return _write_locked(lake, "vab_trials", sets, path, pa.concat_tables([kept, new]))
+
+
+def remove_judge(lake: Lake, sets: str, judge: str) -> int:
+    """Remove every row of ``judge`` from the collection's ``vab_trials`` (any name, also one made
+    before the name rule); returns how many. LookupError naming the judges when it has none."""
+    with locked(lake, "vab_trials", sets) as path:
+        old = read_partition(lake, "vab_trials", sets)
+        names = sorted(set(old.column("judge").to_pylist())) if old.num_rows else []
+        if judge not in names:
+            raise LookupError(f"judge {judge!r} has no answers in set collection {sets!r}; judges: {names or 'none'}")
+        kept = old.filter(pc.not_equal(old.column("judge"), judge))
+        _write_locked(lake, "vab_trials", sets, path, kept)
+        return old.num_rows - kept.num_rows
 
 
 def collections_in_lake(lake: Lake, table: str = "vab_tasks") -> list[str]:

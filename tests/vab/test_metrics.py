@@ -66,13 +66,16 @@ ROWS = ROWS[:24] + [dict(r, judge="mostly") for r in ROWS[24:]]
 
 def test_trials_orders_are_reproducible_permutations():
     assert permutation("task-1", 4, 0) == [1, 2, 3, 4]
-    # Pinned: changing the seeding would change every published trial order.
-    assert permutation("task-1", 4, 1) == [2, 1, 4, 3]
-    assert permutation("task-1", 4, 2) == [4, 2, 1, 3]
-    for tid in ("a", "b", "x:7"):
-        for n in range(2, 7):
-            for order in trial_orders(tid, n):
-                assert sorted(order) == list(range(1, n + 1))
+    # Pinned: the first scheme, kept for collections pinned before the official one
+    assert permutation("task-1", 4, 1, "imagebench-sha256-v1") == [2, 1, 4, 3]
+    assert permutation("task-1", 4, 2, "imagebench-sha256-v1") == [4, 2, 1, 3]
+    for scheme in ("vab-official-v1", "imagebench-sha256-v1"):
+        for tid in ("a", "b", "x:7"):
+            for n in range(2, 7):
+                for order in trial_orders(tid, n, scheme):
+                    assert sorted(order) == list(range(1, n + 1))
+    with pytest.raises(ValueError, match="unknown trial scheme"):
+        permutation("t", 3, 1, "mine")
     assert map_back([3, 1, 2], 1) == 3 and map_back([3, 1, 2], 3) == 2
     with pytest.raises(ValueError, match="out of range 1..3"):
         map_back([3, 1, 2], 4)

@@ -104,6 +104,18 @@ def test_open_answer_refusals_export_analyze_close(home, tmp_path):
         consistent += sum(q[("rank", t)][slot - 1] == q[("score", t)][-1] for t in ("p1", "a1"))
     assert rep["scores_vs_ranking"]["top1_consistency"] == 100.0 * consistent / 4
     assert set(rep["agreement_best"]) >= {"fleiss_kappa", "krippendorff_alpha"}
+    # a store edited by hand to hold best = worst is not exported (the page and the server refuse it)
+    from sqlalchemy import update
+
+    from tasks.panel.vab_store import vanswers
+
+    store = open_store(settings, "st1")
+    with store._tx() as c:
+        c.execute(update(vanswers).where((vanswers.c.label == "x01") & (vanswers.c.task_id == "p1") & (vanswers.c.protocol == "rank"))
+                  .values(worst_shown=vanswers.c.best_shown))
+    store.dispose()
+    r = _invoke("vab", "panel", "export", "st1")
+    assert r.exit_code == 1 and "1 answer(s) name the same image best and worst" in r.output, r.output
 
     assert _invoke("vab", "panel", "close", "st1").exit_code == 0
     client.cookies.clear()

@@ -164,8 +164,8 @@ def test_import_answers_bad_rows_named_nothing_recorded(settings, src, tmp_path)
 
 
 def test_official_parquet_layout(settings, src, tmp_path):
-    """One row per task, images as Hugging Face Image structs {bytes, path} (bytes inline, or a
-    path relative to the file); bad rows named by task id."""
+    """The release's columns, images as Hugging Face Image structs {bytes, path}: bytes inline, or a
+    path relative to the file when bytes are null; a bad row named by task id."""
     import pyarrow as pa
 
     from tasks.vab.sets import import_any
@@ -175,25 +175,28 @@ def test_official_parquet_layout(settings, src, tmp_path):
     rel = tmp_path / "rel"
     _png(rel / "side.png", (9, 99, 199))
     rows = {
-        "id": ["o1", "o2", "o3"],
-        "domain": ["illustration", "photography", "fine_art"],
+        "task_id": ["o1", "o2", "o3"],
+        "domain": ["illustration", "photograph", "fine-art"],
         "substyle": ["ink", None, None],
+        "n_images": [3, 2, 2],
         "images": [[{"bytes": b[1], "path": "x1.png"}, {"bytes": b[2], "path": "x2.png"}, {"bytes": None, "path": "rel/side.png"}],
                    [{"bytes": b[3], "path": None}, {"bytes": b[4], "path": None}],
                    [{"bytes": b[5], "path": "y.png"}, {"bytes": b[1], "path": "z.png"}]],
-        "best": [3, 2, 5],
-        "worst": [1, None, None],
+        "labels": [["A", "B", "C"], ["A", "B"], ["A", "B"]],
+        "ground_truth_best": ["C", "B", "E"],
+        "ground_truth_worst": ["A", "A", None],
     }
     table = pa.table({k: (pa.array(v, pa.list_(img)) if k == "images" else v) for k, v in rows.items()})
     pq.write_table(table, tmp_path / "release.parquet")
-    with pytest.raises(BadSets, match=r"1 bad task\(s\), nothing imported: task 'o3': best=5 is out of range 1..2"):
+    with pytest.raises(BadSets, match=r"1 bad task\(s\), nothing imported: task 'o3': ground_truth_best 'E' is not one of the labels"):
         import_any(settings, tmp_path / "release.parquet", "official")
     res = import_any(settings, tmp_path / "release.parquet", "official", skip_bad=True)
     tasks = load_sets(settings, "official")
     assert res.tasks == 2 and [t.task_id for t in tasks] == ["o1", "o2"] and tasks[0].substyle == "ink"
+    assert (tasks[0].best, tasks[0].worst, tasks[1].best, tasks[1].worst, tasks[1].domain) == (3, 1, 2, None, "photography")
     assert image_paths(settings, tasks[0])[2].read_bytes() == (rel / "side.png").read_bytes()
     pq.write_table(pa.table({"id": ["q"], "domain": ["photography"]}), tmp_path / "nocols.parquet")
-    with pytest.raises(ValueError, match="no column images or image_list"):
+    with pytest.raises(ValueError, match="not the VAB release layout: no column"):
         import_any(settings, tmp_path / "nocols.parquet", "x")
 
 
