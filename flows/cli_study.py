@@ -55,7 +55,8 @@ def study_open(
         opened = open_study(cli._settings(), study_id)
         base = url.rstrip("/")
         cli.err.print(f"[green]study {study_id} open[/]: {opened.n_images} blinded images, pre-registration "
-                      f"{opened.study_dir / 'preregistration.json'} (order seed {opened.preregistration.order_seed}). "
+                      f"{opened.study_dir / 'preregistration.json'} (judge orders drawn from a private secret, "
+                      f"sha256 {opened.preregistration.order_commitment}). "
                       "Links below are shown ONCE (only their sha256 is stored): send each judge theirs.",
                       highlight=False, soft_wrap=True)
         for label, token in opened.judge_tokens.items():
@@ -98,8 +99,3 @@ from flows.cli_beauty import register as _register_publishing  # noqa: E402
 
 _register_publishing(study_app)
 
-
-# analyze, leaderboard, import-answers, export: the publishing commands (flows/cli_beauty.py).
-from flows.cli_beauty import register as _register_publishing  # noqa: E402
-
-_register_publishing(study_app)
