@@ -158,8 +158,25 @@ def study_export(
                       highlight=False, soft_wrap=True)
 
 
+def study_import_bundle(
+    bundle: Annotated[Path, typer.Argument(metavar="DIR", help="a bundle folder written by `imagebench study export` (any lab)")],
+    as_id: Annotated[Optional[str], typer.Option("--as", help="study id here (default: the bundle's own)")] = None,
+) -> None:
+    """Another lab's open-data bundle as a study of this workspace: SHA256SUMS verified and the
+    pre-registration shown to predate every answer (refused otherwise); then `study analyze`."""
+    cli = _cli()
+    with cli._user_errors():
+        from tasks.beauty.bundles import import_bundle
+
+        study, n, judges = import_bundle(cli._settings(), bundle, as_id)
+        cli.err.print(f"[green]imported bundle {bundle}[/] as study {study}: {n} answers from {judges} judges, "
+                      f"SHA256SUMS verified, pre-registered before every answer; next, imagebench study analyze --study {study}",
+                      highlight=False, soft_wrap=True)
+
+
 def register(study_app: typer.Typer) -> None:
     study_app.command("analyze")(study_analyze)
     study_app.command("leaderboard")(study_leaderboard)
     study_app.command("import-answers")(study_import_answers)
     study_app.command("export")(study_export)
+    study_app.command("import-bundle")(study_import_bundle)

@@ -109,7 +109,15 @@ def load_study(settings, study_id: str) -> tuple[StudyDefinition, PreRegistratio
     if definition.study_id != study_id:
         raise StudyError(f"{d / STUDY_FILE}: study_id is {definition.study_id!r}, but the folder is {study_id!r}")
     prereg = verify_preregistration(d)
-    if prereg is not None:
+    if prereg is not None and (d / "imported-bundle.json").is_file():
+        # Imported from another lab's bundle (tasks/beauty/bundles.py): the definition it pinned
+        # named judges that were never published, so its hash cannot be checked here; what the
+        # analysis reads from the plan must still agree with study.yaml.
+        plan = (prereg.suite, prereg.analysis, prereg.host_tool, list(prereg.praised_for_aesthetics))
+        if plan != (definition.suite, definition.analysis, definition.host_tool, list(definition.praised_for_aesthetics)):
+            raise StudyError(f"{d / STUDY_FILE} disagrees with the imported pre-registration (suite, analysis, host_tool, "
+                             "praised_for_aesthetics): the plan is frozen; restore it")
+    elif prereg is not None:
         got = hashlib.sha256(canonical_definition(definition)).hexdigest()
         if got != prereg.definition_sha256:
             raise StudyError(f"{d / STUDY_FILE} changed after the study was opened (sha256 {got[:12]}..., "

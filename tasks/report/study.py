@@ -170,4 +170,9 @@ def build_study_pages(settings, out_dir: Path) -> list[StudyLink]:
     for f in (Path(out_dir) / STUDIES_DIR).glob("*.html") if (Path(out_dir) / STUDIES_DIR).is_dir() else ():
         if f.name not in keep:
             f.unlink()
+    from tasks.report.pooled import build_pooled_page  # tools shared by studies, pooled (issue 16 item 13)
+
+    pooled = build_pooled_page(settings, Path(out_dir))
+    if pooled:
+        links.append(StudyLink("pooled", "Pooled across studies: random-effects Beauty Index per shared tool", pooled, False))
     return links
