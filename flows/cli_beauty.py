@@ -31,7 +31,11 @@ def _simulated_banner(cli) -> None:
     cli.err.print(f"[bold yellow]{SIMULATED_BANNER}[/]", highlight=False, soft_wrap=True)
 
 
-def study_analyze(study: Annotated[str, typer.Option("--study", help="the study id (folder under $IMAGEBENCH_HOME/studies/)")]) -> None:
+def study_analyze(
+    study: Annotated[str, typer.Option("--study", help="the study id (folder under $IMAGEBENCH_HOME/studies/)")],
+    mixed_resamples: Annotated[Optional[int], typer.Option(
+        "--mixed-resamples", min=1, help="bootstrap refits of H3's mixed model (default 100; each takes ~0.3 s)")] = None,
+) -> None:
     """Read the study's answers (panel app, or imported), compute % yes per (tool, prompt), the
     Beauty Index per tool and panel group with bootstrap intervals, the pixel metrics and H1-H5,
     validate them and write them to the lake (views study_* in `imagebench sql`). Ends with the
@@ -45,7 +49,7 @@ def study_analyze(study: Annotated[str, typer.Option("--study", help="the study 
         cli._prefect(settings)
         from flows.beauty import study_analyze_flow
 
-        summary = study_analyze_flow(study)
+        summary = study_analyze_flow(study, mixed_resamples=mixed_resamples)
         cli.err.print(f"[green]study {study} analysed[/]: {summary['answers']} answers from {summary['judges']} judges "
                       f"({summary['source']}), {summary['tools']} tools", highlight=False, soft_wrap=True)
         for note in summary["notes"]:
