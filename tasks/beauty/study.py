@@ -250,15 +250,15 @@ def open_study(settings, study_id: str, now: datetime | None = None) -> OpenedSt
 
     now = now or datetime.now(UTC)
     definition, prereg, d = load_study(settings, study_id)
+    existing = _answers_in_lake(settings, study_id)
+    if existing:  # checked before the panel store is touched: a refused open leaves nothing behind
+        # A plan written after the data is no pre-registration (issue 16, item 6).
+        raise StudyError(f"study {study_id} already has {existing} answers (imported or simulated): a study is "
+                         "pre-registered before its first answer, so it cannot be opened now; open a new study")
     store = open_panel_store(settings, study_id)
     try:
         if store.exists():
             raise StudyError(f"study {study_id} is already open (imagebench study status {study_id}); its links were shown at open")
-        existing = _answers_in_lake(settings, study_id)
-        if existing:
-            # A plan written after the data is no pre-registration (issue 16, item 6).
-            raise StudyError(f"study {study_id} already has {existing} answers (imported or simulated): a study is "
-                             "pre-registered before its first answer, so it cannot be opened now; open a new study")
         suite = load_beauty_suite(settings.reference_dir, definition.suite)
         objects = open_configured_store(settings)
         ingested: dict[str, list[dict]] = {}
