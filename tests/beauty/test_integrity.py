@@ -118,3 +118,23 @@ def test_a_native_pre_registered_study_says_so(tmp_path, monkeypatch):
     assert not any("pre-registered" in n for n in tables.notes)
     board = json.loads(cli("study", "leaderboard", "--study", "clean", "--format", "json").stdout)
     assert all(b["preregistered"] is True for b in board)
+
+
+def test_simulated_answers_of_an_opened_study_follow_its_plan(tmp_path, monkeypatch):
+    """make demo's path: open, then SIMULATED answers; they start an hour after the plan, so the
+    demo study stays pre-registered (only SIMULATED is on its outputs)."""
+    import yaml
+
+    from tasks.beauty.simulate import record_simulated_answers
+    from tasks.beauty.study import open_study
+    from tests.beauty.panel_helpers import analyse
+
+    settings = workspace(tmp_path / "home", monkeypatch)
+    d = write_definition(settings, "sim")
+    data = yaml.safe_load((d / "study.yaml").read_text())
+    (d / "study.yaml").write_text(yaml.safe_dump({**data, "simulated": True}))
+    open_study(settings, "sim")
+    assert record_simulated_answers(settings, "sim") == len(JUDGES) * len(TOOLS) * 10
+    tables = analyse(settings, "sim")
+    assert any(n.startswith("SIMULATED") for n in tables.notes)
+    assert not any("pre-registered" in n for n in tables.notes)
