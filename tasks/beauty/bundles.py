@@ -22,6 +22,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
+import shutil
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path, PurePosixPath
@@ -33,6 +35,7 @@ import yaml
 from schemas.study import STUDY_ANSWERS, STUDY_ID_RE, PreRegistration, StudyDefinition
 
 IMPORTED_MARKER = "imported-bundle.json"
+JUDGE_ID_RE = re.compile(r"^[0-9a-f]{16,64}$")  # as expectations/study_answers.json requires
 REQUIRED_FILES = ("answers.parquet", "study.json", "preregistration.json", "prompts.jsonl", "datasheet.md")
 MAX_BUNDLE_FILE_BYTES = 512 * 1024 * 1024
 
@@ -151,6 +154,8 @@ def _answers(bundle: Bundle, definition: StudyDefinition, prompt_ids: list[str])
             raise BundleError(f"{where}: answer, shown_at and answered_at must be given")
         if a["answered_at"] < a["shown_at"]:
             raise BundleError(f"{where}: answered_at is before shown_at")
+        if not isinstance(a["judge_id"], str) or not JUDGE_ID_RE.fullmatch(a["judge_id"]):
+            raise BundleError(f"{where}: judge_id must be a salted sha256 (hex), got {str(a['judge_id'])[:20]!r}")
         key = (a["judge_id"], a["tool"], a["prompt_id"])
         if key in seen:
             raise BundleError(f"{where}: judge {a['judge_id'][:12]}... answered ({a['tool']}, {a['prompt_id']}) twice")
@@ -165,9 +170,9 @@ def _answers(bundle: Bundle, definition: StudyDefinition, prompt_ids: list[str])
 def import_bundle(settings, path: Path, study_id: str | None = None, now: datetime | None = None) -> tuple[str, int, int]:
     """Verify the bundle and make it a study of this workspace (``study_id``: the bundle's own id
     unless given). Refuses a study id already used here. Returns (study id, answers, judges)."""
-    from tasks.beauty.study import PREREG_FILE, STUDY_FILE, SUMS_FILE, study_dir
+    from tasks.beauty.study import study_dir
     from tasks.beauty.suite import load_beauty_suite
-    from tasks.beauty.tables import partition_path, write_study_partition
+    from tasks.beauty.tables import partition_path
     from tasks.lake import Lake
 
     bundle = read_bundle(Path(path))
@@ -188,6 +193,19 @@ def import_bundle(settings, path: Path, study_id: str | None = None, now: dateti
     definition = _definition(bundle, study_id)
     answers = _answers(bundle, definition, [p.prompt_id for p in suite.prompts])
     d.mkdir(parents=True)
+    try:
+        _write_study(bundle, d, definition, answers, lake, Path(path), now)
+    except BaseException:
+        shutil.rmtree(d, ignore_errors=True)  # nothing half-imported is left behind
+        raise
+    return study_id, answers.num_rows, len(set(answers.column("judge_id").to_pylist()))
+
+
+def _write_study(bundle: Bundle, d: Path, definition: StudyDefinition, answers: pa.Table, lake, path: Path,
+                 now: datetime | None) -> None:
+    from tasks.beauty.study import PREREG_FILE, STUDY_FILE, SUMS_FILE
+    from tasks.beauty.tables import write_study_partition
+
     (d / STUDY_FILE).write_text(f"# imported from the open-data bundle {Path(path).name} (SHA256SUMS sha256 "
                                 f"{bundle.sums_sha256}); judges are placeholders for the bundle's judge ids\n"
                                 + yaml.safe_dump(definition.model_dump(mode="json"), sort_keys=False), encoding="utf-8")
@@ -198,8 +216,7 @@ def import_bundle(settings, path: Path, study_id: str | None = None, now: dateti
     (d / IMPORTED_MARKER).write_text(json.dumps({
         "bundle": Path(path).name, "sha256sums_sha256": bundle.sums_sha256, "original_study_id": bundle.prereg.study_id,
         "imported_at": (now or datetime.now(UTC)).isoformat()}, indent=1) + "\n")
-    write_study_partition(lake, "study_answers", study_id, answers)
-    return study_id, answers.num_rows, len(set(answers.column("judge_id").to_pylist()))
+    write_study_partition(lake, "study_answers", definition.study_id, answers)
 
 
 def imported_from(study_dir: Path) -> dict | None:

@@ -129,10 +129,10 @@ def _datasheet(ctx, prereg_sha: str | None, counts: Counter, answers: pa.Table, 
               "- `study.json`, `preregistration.json`, `prompts.jsonl`, `LICENSE.txt`, `SHA256SUMS` "
               "(`sha256sum -c SHA256SUMS` checks the bundle).",
               "", "## Beauty Index", "", "| rank | tool | Beauty Index [95% CI] | answers |", "|---|---|---|---|"]
-    from tasks.beauty.publish import leaderboard_rows
+    from tasks.beauty.publish import index_text, leaderboard_rows
 
     for r in leaderboard_rows(index):
-        bi = "–" if r["beauty_index"] is None else f"{r['beauty_index']:.1f} [{r['beauty_index_lo']:.1f}, {r['beauty_index_hi']:.1f}]"
+        bi = index_text(r)
         lines.append(f"| {r['rank']} | {r['tool']} | {bi} | {r['answers']} |")
     lines += ["", "## Licence", "", f"{d.licence}: prompts, selection criteria, protocol, anonymised answers and "
               "report. Judges' identities are not part of the release.", ""]

@@ -201,3 +201,11 @@ def leaderboard_rows(index: pa.Table) -> list[dict]:
     rows = index.filter(pc.equal(index.column("panel_group"), "all")).to_pylist()
     return sorted(rows, key=lambda r: (-(r["beauty_index"] if r["beauty_index"] is not None else -1), r["tool"]))
 
+
+
+def index_text(row: dict) -> str:
+    """"46.7 [31.2, 60.0]" for a study_index row ("–" where a value is missing: a tool without
+    answers, or an interval no resample defined)."""
+    def f(x):
+        return "–" if x is None else f"{x:.1f}"
+    return "–" if row["beauty_index"] is None else f"{f(row['beauty_index'])} [{f(row['beauty_index_lo'])}, {f(row['beauty_index_hi'])}]"

@@ -155,6 +155,12 @@ def build_study_pages(settings, out_dir: Path) -> list[StudyLink]:
                 prereg_text = f"NOT pre-registered: written {ctx.prereg.created_at}, after {status.early_answers} of the answers"
             else:
                 prereg_text = f"pinned at open, {ctx.prereg.created_at} (definition sha256 {ctx.prereg.definition_sha256[:12]}...)"
+            from tasks.beauty.bundles import imported_from
+
+            origin = imported_from(ctx.study_dir)
+            if origin:
+                prereg_text += (f"; imported from the open-data bundle {origin['bundle']} (study {origin['original_study_id']}, "
+                                f"SHA256SUMS sha256 {origin['sha256sums_sha256'][:12]}... verified)")
         except (OSError, ValueError, RuntimeError) as exc:  # the lake is the record; the folder may be elsewhere
             notes.append(f"study folder not readable here ({type(exc).__name__}): prompts shown by id")
         weights = set(tables["study_pixel_metrics"].column("weights").to_pylist())
