@@ -64,7 +64,7 @@ def summary_markdown(tables: publish.StudyTables) -> str:
     lines += [f"**{n}**" for n in tables.notes]
     lines += ["", "| rank | tool | Beauty Index [95% CI] | answers |", "|---|---|---|---|"]
     for r in publish.leaderboard_rows(tables.tables["study_index"]):
-        bi = "–" if r["beauty_index"] is None else f"{r['beauty_index']:.1f} [{r['beauty_index_lo']:.1f}, {r['beauty_index_hi']:.1f}]"
+        bi = publish.index_text(r)
         lines.append(f"| {r['rank']} | {r['tool']} | {bi} | {r['answers']} |")
     lines += ["", "| hypothesis | verdict | p (Holm) |", "|---|---|---|"]
     for h in tables.tables["study_hypotheses"].to_pylist():

@@ -678,21 +678,18 @@ def breakdown(
 def report(
     out: Annotated[Path, typer.Option("--out", help="output folder for the static site")] = Path("report"),
 ) -> None:
-    """Write the static leaderboard site: sortable table, Capability-vs-EPS scatter, heatmaps, model pages."""
+    """Write the static site: the leaderboard (sortable table, Capability-vs-EPS scatter, heatmaps,
+    model pages) when models were scored, every Beauty Index study, the pooled view and VAB pages."""
     with _user_errors():
         settings = _settings()
         _catalog_or_exit(settings)
-        from tasks import work
-        from tasks.report import build_report
-        from tasks.report_adapter import report_data_from_lake
+        from tasks.report.site import build_site  # a workspace of studies only needs no EPS reference
 
-        from tasks.report.study import build_study_pages
-
-        suite = work.load_pinned_suite(settings)
-        reference = work.load_verified_reference(settings, suite, None)
-        studies = build_study_pages(settings, out)  # studies/<id>.html of every analysed study
-        index = build_report(report_data_from_lake(settings, suite, reference), out, studies=studies)
-        err.print(f"[green]report written:[/] {index}  (open it, or `python -m http.server -d {out}`)")
+        site = build_site(settings, out)
+        err.print(f"[green]report written:[/] {site.index}  ({site.models} models, {site.studies} studies, {site.vab} VAB "
+                  f"collections; open it, or `python -m http.server -d {out}`)", highlight=False, soft_wrap=True)
+        if site.leaderboard_note:
+            err.print(f"[yellow]{site.leaderboard_note}[/]", highlight=False, soft_wrap=True)
 
 
 @judges_app.command("check")

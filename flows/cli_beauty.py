@@ -14,7 +14,9 @@ import typer
 
 from flows.output import OutputFormat, render
 
-LEADERBOARD_JSON_COLUMNS = ("rank", "tool", "beauty_index", "beauty_index_lo", "beauty_index_hi", "answers", "simulated")
+LEADERBOARD_JSON_COLUMNS = ("rank", "tool", "beauty_index", "beauty_index_lo", "beauty_index_hi", "answers", "simulated",
+                            "preregistered")
+DIGITS = 1  # the table prints the Beauty Index and its interval to one decimal: so do CSV and JSON
 
 
 def _cli():
@@ -29,10 +31,15 @@ def _simulated_banner(cli) -> None:
     cli.err.print(f"[bold yellow]{SIMULATED_BANNER}[/]", highlight=False, soft_wrap=True)
 
 
-def study_analyze(study: Annotated[str, typer.Option("--study", help="the study id (folder under $IMAGEBENCH_HOME/studies/)")]) -> None:
+def study_analyze(
+    study: Annotated[str, typer.Option("--study", help="the study id (folder under $IMAGEBENCH_HOME/studies/)")],
+    mixed_resamples: Annotated[Optional[int], typer.Option(
+        "--mixed-resamples", min=1, help="bootstrap refits of H3's mixed model (default 100; each takes ~0.3 s)")] = None,
+) -> None:
     """Read the study's answers (panel app, or imported), compute % yes per (tool, prompt), the
     Beauty Index per tool and panel group with bootstrap intervals, the pixel metrics and H1-H5,
-    validate them and write them to the lake (views study_* in `imagebench sql`)."""
+    validate them and write them to the lake (views study_* in `imagebench sql`). Ends with the
+    leaderboard and the hypotheses' verdicts."""
     cli = _cli()
     with cli._user_errors():
         settings = cli._settings()
@@ -42,12 +49,36 @@ def study_analyze(study: Annotated[str, typer.Option("--study", help="the study 
         cli._prefect(settings)
         from flows.beauty import study_analyze_flow
 
-        summary = study_analyze_flow(study)
+        summary = study_analyze_flow(study, mixed_resamples=mixed_resamples)
         cli.err.print(f"[green]study {study} analysed[/]: {summary['answers']} answers from {summary['judges']} judges "
                       f"({summary['source']}), {summary['tools']} tools", highlight=False, soft_wrap=True)
         for note in summary["notes"]:
             cli.err.print(f"[bold yellow]{note}[/]", highlight=False, soft_wrap=True)
     study_leaderboard(study, OutputFormat.table)
+    study_hypotheses(study, OutputFormat.table)
+
+
+def _prereg_status(settings, catalog, study: str):
+    """Whether the study's plan predates every answer (tasks.beauty.prereg), from its folder and
+    the catalog's answers: no torch, Prefect or GX."""
+    from datetime import datetime, timezone
+
+    from tasks.beauty.prereg import NEVER_OPENED, PreregStatus, preregistration_status
+    from tasks.beauty.study import StudyError, load_study
+    from tasks.lake import query
+
+    try:
+        _, prereg, _ = load_study(settings, study)
+    except (StudyError, OSError, ValueError) as exc:
+        return PreregStatus(False, f"pre-registration not checked: {exc}")
+    if prereg is None:
+        return PreregStatus(False, NEVER_OPENED)
+    created = datetime.fromisoformat(prereg.created_at.replace("Z", "+00:00"))
+    created_us = int((created - datetime(1970, 1, 1, tzinfo=timezone.utc)).total_seconds() * 1_000_000)
+    _, ((early, total),) = query(catalog, "SELECT count(*) FILTER (WHERE epoch_us(shown_at) < "
+                                          f"{created_us}), count(*) FROM study_answers WHERE study_id = '{study}'")
+    # Only the counts matter: preregistration_status compares times, so give it stand-ins.
+    return preregistration_status(prereg, [datetime(1970, 1, 1, tzinfo=timezone.utc)] * early + [created] * (total - early))
 
 
 def study_leaderboard(
@@ -64,17 +95,40 @@ def study_leaderboard(
         settings = cli._settings()
         from tasks.lake import query
 
-        select = ("\"rank\", tool, printf('%.1f [%.1f, %.1f]', beauty_index, beauty_index_lo, beauty_index_hi) AS beauty_index, "
-                  "answers, CASE WHEN simulated THEN 'SIMULATED' ELSE '' END AS flags"
-                  if fmt is OutputFormat.table else ", ".join(f'"{c}"' for c in LEADERBOARD_JSON_COLUMNS))
-        columns, rows = query(cli._catalog_or_exit(settings),
-                              f"SELECT {select}, simulated AS _sim FROM study_leaderboard WHERE study_id = '{study}'")
+        catalog = cli._catalog_or_exit(settings)
+        status = _prereg_status(settings, catalog, study)
+        flags = " || ".join(["CASE WHEN simulated THEN 'SIMULATED ' ELSE '' END"] +
+                            ([] if status.preregistered else ["'not pre-registered'"]))
+        if fmt is OutputFormat.table:
+            select = (f"\"rank\", tool, printf('%.{DIGITS}f [%.{DIGITS}f, %.{DIGITS}f]', beauty_index, beauty_index_lo, "
+                      f"beauty_index_hi) AS beauty_index, answers, trim({flags}) AS flags")
+        else:
+            rounded = {"beauty_index", "beauty_index_lo", "beauty_index_hi"}
+            select = ", ".join(f'round("{c}", {DIGITS}) AS "{c}"' if c in rounded else
+                               (f"{status.preregistered} AS preregistered" if c == "preregistered" else f'"{c}"')
+                               for c in LEADERBOARD_JSON_COLUMNS)
+        columns, rows = query(catalog, f"SELECT {select}, simulated AS _sim FROM study_leaderboard WHERE study_id = '{study}'")
         if not rows:
             raise cli.CliError(f"study {study} has no Beauty Index yet: imagebench study analyze --study {study}")
         simulated = any(r[-1] for r in rows)
         render(columns[:-1], [r[:-1] for r in rows], fmt, title=f"Beauty Index: study {study}")
         if simulated:
             _simulated_banner(cli)
+        if status.note:
+            cli.err.print(f"[bold yellow]{status.note}[/]", highlight=False, soft_wrap=True)
+
+
+def study_hypotheses(study: str, fmt: OutputFormat = OutputFormat.table) -> None:
+    """The pre-registered hypotheses' verdicts (Holm-adjusted p), with why a hypothesis was not tested."""
+    cli = _cli()
+    with cli._user_errors(log=False):
+        from tasks.lake import query
+
+        columns, rows = query(cli._catalog_or_exit(cli._settings()),
+                              "SELECT hypothesis, verdict, round(p_holm, 4) AS p_holm, "
+                              "CASE WHEN verdict = 'not tested' THEN detail ELSE coalesce(headline, '') END AS why "
+                              f"FROM study_hypotheses WHERE study_id = '{study}' ORDER BY hypothesis")
+        render(columns, rows, fmt, title=f"Hypotheses: study {study}")
 
 
 def study_import_answers(
@@ -108,8 +162,25 @@ def study_export(
                       highlight=False, soft_wrap=True)
 
 
+def study_import_bundle(
+    bundle: Annotated[Path, typer.Argument(metavar="DIR", help="a bundle folder written by `imagebench study export` (any lab)")],
+    as_id: Annotated[Optional[str], typer.Option("--as", help="study id here (default: the bundle's own)")] = None,
+) -> None:
+    """Another lab's open-data bundle as a study of this workspace: SHA256SUMS verified and the
+    pre-registration shown to predate every answer (refused otherwise); then `study analyze`."""
+    cli = _cli()
+    with cli._user_errors():
+        from tasks.beauty.bundles import import_bundle
+
+        study, n, judges = import_bundle(cli._settings(), bundle, as_id)
+        cli.err.print(f"[green]imported bundle {bundle}[/] as study {study}: {n} answers from {judges} judges, "
+                      f"SHA256SUMS verified, pre-registered before every answer; next, imagebench study analyze --study {study}",
+                      highlight=False, soft_wrap=True)
+
+
 def register(study_app: typer.Typer) -> None:
     study_app.command("analyze")(study_analyze)
     study_app.command("leaderboard")(study_leaderboard)
     study_app.command("import-answers")(study_import_answers)
     study_app.command("export")(study_export)
+    study_app.command("import-bundle")(study_import_bundle)

@@ -61,7 +61,8 @@ def study_open(
         for line in opened.blinding_report:
             cli.err.print(line, highlight=False, soft_wrap=True, markup=False)
         cli.err.print(f"[green]study {study_id} open[/]: {opened.n_images} blinded images, pre-registration "
-                      f"{opened.study_dir / 'preregistration.json'} (order seed {opened.preregistration.order_seed}). "
+                      f"{opened.study_dir / 'preregistration.json'} (judge orders drawn from a private secret, "
+                      f"sha256 {opened.preregistration.order_commitment}). "
                       "Links below are shown ONCE (only their sha256 is stored): send each judge theirs.",
                       highlight=False, soft_wrap=True)
         for label, token in opened.judge_tokens.items():

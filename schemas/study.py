@@ -146,7 +146,9 @@ class PreRegistration(BaseModel):
     refuses a plan whose bytes changed after the first answer arrived."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
-    format: Literal["imagebench-preregistration/1"] = "imagebench-preregistration/1"
+    # /1 published the order seed itself (studies opened before issue 16; still read and analysed);
+    # /2 publishes only the sha256 commitment of a private order secret (tasks/beauty/prereg.py).
+    format: Literal["imagebench-preregistration/1", "imagebench-preregistration/2"] = "imagebench-preregistration/2"
     study_id: str
     created_at: str  # UTC ISO timestamp
     definition_sha256: str  # of the canonical JSON of the StudyDefinition as opened
@@ -154,9 +156,30 @@ class PreRegistration(BaseModel):
     suite_sha256: str
     hypotheses: dict[str, str]
     analysis: AnalysisSettings
-    order_seed: int  # the per-judge permutations derive from it and the judge's label
     host_tool: str | None
     praised_for_aesthetics: list[str]
+    # /1 only: the seed of the per-judge orders (with a guessed label it regenerates an order, so
+    # an export withholds it). /2: sha256 of the private order secret in studies/<id>/order-secret.
+    order_seed: int | None = None
+    order_commitment: str | None = None
+    # Set only in an exported copy of a /1 file: the sha256 of the original (seed withheld).
+    redacted_from_sha256: str | None = None
+
+    @model_validator(mode="after")
+    def _one_order_source(self) -> "PreRegistration":
+        if self.redacted_from_sha256 is None and (self.order_seed is None) == (self.order_commitment is None):
+            raise ValueError("a pre-registration records exactly one of order_seed (format /1) or order_commitment (/2)")
+        return self
+
+    def to_json_bytes(self) -> bytes:
+        """The file's bytes: fields that are None and optional are left out (a /1 file stays /1)."""
+        d = self.model_dump(mode="json")
+        for k in ("order_seed", "order_commitment", "redacted_from_sha256"):
+            if d.get(k) is None:
+                d.pop(k, None)
+        import json
+
+        return (json.dumps(d, sort_keys=True, indent=1) + "\n").encode()
 
 
 # ---- lake tables of a study (partitioned by study: <lake>/<table>/study_id=<id>/data.parquet) ----

@@ -101,8 +101,8 @@ def panel_from_answers(answers: pa.Table) -> Panel:
     judges = tuple(sorted(group_of))
     tools = tuple(sorted(set(cols["tool"])))
     prompts = tuple(sorted(set(cols["prompt_id"])))
-    if len(tools) < 2:
-        raise ValueError(f"answers name only tool(s) {list(tools)}: a study compares at least two tools")
+    # One tool (or one answer) is still analysed: a real panel's first answer must not crash the
+    # analysis; what needs more (a ranking, a variance between tools) says "not tested" and why.
     ji = {k: i for i, k in enumerate(judges)}
     ti = {k: i for i, k in enumerate(tools)}
     pi = {k: i for i, k in enumerate(prompts)}
@@ -258,6 +258,9 @@ def beauty_index(
         mask = None if group == ALL_GROUPS else (groups == group).astype(float)
         observed = _observed_index(panel, mask)
         lo, hi = _percentile_interval(_index_draws(panel, weights, mask), confidence)
+        # With very few answers a percentile interval can exclude the estimate; it is widened to
+        # hold it (docs/BEAUTY.md) so every interval reads "estimate [lo, hi]".
+        lo, hi = np.minimum(lo, observed), np.maximum(hi, observed)  # NaN stays NaN
         ranks = _ranks(observed)
         seen = panel.seen if mask is None else panel.seen * mask[:, None, None]
         counts = seen.sum(axis=(0, 2))
@@ -452,35 +455,70 @@ def variance_components(yes: np.ndarray, seen: np.ndarray, start: np.ndarray | N
 def _h3(panel: Panel, weights: BootstrapWeights, mixed_resamples: int, conf: float) -> HypothesisResult:
     test = "mixed logistic model (tool, prompt, judge random intercepts); one-sided z-test of log(tool/prompt variance) < 0 with its two-way cluster bootstrap standard error (judges x prompts)"
     name = "variance ratio tool / prompt (logit scale)"
-    if len(panel.prompts) < 2 or len(panel.judges) < 2:
-        return _untested("H3", test, name, "needs at least two prompts and two judges", panel.simulated)
-    comps, start = variance_components(panel.yes, panel.seen)
+    if len(panel.prompts) < 2 or len(panel.judges) < 2 or len(panel.tools) < 2:
+        return _untested("H3", test, name, "needs answers for at least two tools, two prompts and two judges", panel.simulated)
+    answered = panel.yes[panel.seen > 0]
+    if answered.min() == answered.max():
+        return _untested("H3", test, name, f"every answer is {'yes' if answered[0] else 'no'}: a logistic model cannot be fitted", panel.simulated)
+    try:
+        comps, start = variance_components(panel.yes, panel.seen)
+    except (ValueError, np.linalg.LinAlgError, FloatingPointError) as exc:
+        return _untested("H3", test, name, f"the mixed model could not be fitted to the answers ({_reason(exc)})", panel.simulated)
     ratio = comps["tool"] / comps["prompt"]
-    ratios = []
-    for b in range(min(mixed_resamples, weights.judges.shape[0])):
+    ratios, failed, reasons = [], 0, set()
+    tried = min(mixed_resamples, weights.judges.shape[0])
+    for b in range(tried):
         # Materialise resample b: each drawn copy of a judge or prompt is its own cluster.
         js = np.repeat(np.arange(len(panel.judges)), weights.judges[b].astype(int))
         ps = np.repeat(np.arange(len(panel.prompts)), weights.prompts[b].astype(int))
         yes = panel.yes[js][:, :, ps]
         seen = panel.seen[js][:, :, ps]
-        c, _ = variance_components(yes, seen, start)
-        ratios.append(c["tool"] / c["prompt"])
+        drawn = yes[seen > 0]
+        # A resample can draw only judges who all said the same (partial panels do): no model
+        # exists for it. It is counted and reported, never fatal (issue 16).
+        if drawn.size == 0 or drawn.min() == drawn.max() or len(np.unique(np.nonzero(seen)[1])) < 2:
+            failed += 1
+            reasons.add("every drawn answer the same, or one tool drawn")
+            continue
+        try:
+            c, _ = variance_components(yes, seen, start)
+        except (ValueError, np.linalg.LinAlgError, FloatingPointError) as exc:
+            failed += 1
+            reasons.add(_reason(exc))
+            continue
+        r = c["tool"] / c["prompt"]
+        if not math.isfinite(r) or r <= 0:
+            failed += 1
+            reasons.add("a non-finite variance ratio")
+            continue
+        ratios.append(r)
     draws = np.asarray(ratios)
+    unfitted = f"{failed} of {tried} resamples could not be fitted ({'; '.join(sorted(reasons))})" if failed else f"all {tried} resamples fitted"
+    values = {f"var_{k}": v for k, v in comps.items()} | {"refits": float(draws.size), "refits_failed": float(failed),
+                                                          "refits_tried": float(tried)}
+    if draws.size < 2:
+        r = _untested("H3", test, name, f"too few bootstrap refits for a standard error: {unfitted}", panel.simulated)
+        return replace(r, effect=ratio, values=values)
     lo, hi = _percentile_interval(draws[:, None], conf)
     # Refits are costly, so a share-of-resamples p-value would be coarse (1 / (refits + 1) at
     # best, too coarse to survive Holm). The log ratio is close to normal across resamples: the
     # one-sided p-value of "log ratio >= 0" uses its bootstrap standard error.
-    se = float(np.std(np.log(draws), ddof=1)) if draws.size > 1 else math.nan
+    se = float(np.std(np.log(draws), ddof=1))
     p = float(_normal_cdf(math.log(ratio) / se)) if se > 0 else (0.0 if ratio < 1 else 1.0)
     detail = (
         f"variances (logit scale): tool {comps['tool']:.3f}, prompt {comps['prompt']:.3f}, judge {comps['judge']:.3f}; "
-        f"ratio interval from {draws.size} refits (the mixed-model bootstrap is capped at {mixed_resamples})."
+        f"ratio interval from {draws.size} refits (the mixed-model bootstrap is capped at {mixed_resamples}); {unfitted}."
     )
-    values = {f"var_{k}": v for k, v in comps.items()} | {"refits": float(draws.size)}
     return HypothesisResult(
         "H3", HYPOTHESES["H3"], test, name, ratio, float(lo[0]), float(hi[0]), p, math.nan, "not supported", detail, None,
         panel.simulated, values,
     )
+
+
+def _reason(exc: BaseException) -> str:
+    """An exception as a short phrase for a ``detail`` (its first line)."""
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 def _normal_cdf(z: float) -> float:
@@ -553,9 +591,11 @@ def _h5(panel: Panel, bi: np.ndarray, bi_draws: np.ndarray, weights: BootstrapWe
     ok = ~np.isnan(bi_draws).any(axis=1)
     place_lo, place_hi = _percentile_interval(_rank_rows(bi_draws[ok])[:, h].astype(float)[:, None], conf)
     n_tools = len(panel.tools)
+    band = (f"bootstrap place interval {int(place_lo[0])}-{int(place_hi[0])}" if not np.isnan(place_lo[0])
+            else "no resample ranks every tool")
     detail = (
         f"{host} wins {int(wins[have].sum())} of {int(have.sum())} prompts and places {place} of {n_tools} on the "
-        f"Beauty Index (bootstrap place interval {int(place_lo[0])}-{int(place_hi[0])})."
+        f"Beauty Index ({band})."
     )
     headline = None
     if place >= 5:
@@ -588,13 +628,23 @@ def test_hypotheses(
     weights = bootstrap_weights(panel, settings.bootstrap_resamples, settings.seed)
     bi = _observed_index(panel)
     bi_draws = _index_draws(panel, weights)
-    results = [
-        _h1(panel, bi, bi_draws, metrics, confidence),
-        _h2(panel, settings, confidence),
-        _h3(panel, weights, mixed_resamples, confidence),
-        _h4(panel, bi, bi_draws, metrics, prereg.praised_for_aesthetics if prereg else [], confidence),
-        _h5(panel, bi, bi_draws, weights, prereg.host_tool if prereg else None, confidence),
+    tests = [
+        ("H1", lambda: _h1(panel, bi, bi_draws, metrics, confidence)),
+        ("H2", lambda: _h2(panel, settings, confidence)),
+        ("H3", lambda: _h3(panel, weights, mixed_resamples, confidence)),
+        ("H4", lambda: _h4(panel, bi, bi_draws, metrics, prereg.praised_for_aesthetics if prereg else [], confidence)),
+        ("H5", lambda: _h5(panel, bi, bi_draws, weights, prereg.host_tool if prereg else None, confidence)),
     ]
+    results = []
+    for h, run in tests:
+        # Every analysis finishes on any study with an answer (issue 16): a test that cannot be
+        # computed on these answers is "not tested" with the reason, never a crash of the whole.
+        with np.errstate(all="ignore"), warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            try:
+                results.append(run())
+            except (ValueError, ArithmeticError, IndexError, np.linalg.LinAlgError) as exc:
+                results.append(_untested(h, "", "", f"could not be computed on these answers ({_reason(exc)})", panel.simulated))
     adjusted = holm([r.p_value for r in results])
     out = []
     for r, p_adj in zip(results, adjusted):

@@ -1,18 +1,22 @@
 """`imagebench study export`: the open-data bundle of a study (CC-BY 4.0).
 
     answers.parquet / answers.csv   one row per judge x image: salted-hash judge id, panel group,
-                                    prompt, tool, answer, shown_at, answered_at, position, memo file
+                                    prompt, tool, answer, shown_at, answered_at (floored to the
+                                    minute), memo file; rows sorted by judge, tool, prompt
     yes_rates.csv, beauty_index.csv, hypotheses.csv, pixel_metrics.csv   the analysis (lake tables)
     study.json                      the study definition, judges replaced by the panel's counts
-    preregistration.json            the pinned plan, byte for byte (when the study was opened)
+    preregistration.json            the pinned plan, byte for byte (when the study was opened; a
+                                    plan of format /1 without its order seed, tasks/beauty/prereg.py)
     prompts.jsonl                   the prompt suite as pinned
     datasheet.md                    protocol, schema, panel composition, licence, pre-registration sha256
     LICENSE.txt                     CC-BY 4.0
-    memos/<judge_id>-<position>.<ext>   voice memos, only those kept with the judge's consent
+    memos/<judge_id>-<opaque>.<ext>  voice memos, only those kept with the judge's consent
     SHA256SUMS                      over every file above
 
 Nothing can re-identify a judge: no label, token, session, IP address, image id or local path is
-written (tests/beauty/test_publish.py scans every byte). The bundle is built in a temporary
+written (tests/beauty/test_publish.py scans every byte), and nothing from which a judge's image
+order could be recomputed: no order seed, no queue position, times floored to the minute and rows
+in a canonical order (tests/beauty/test_anonymity.py runs the re-identification attack). The bundle is built in a temporary
 folder beside the target and swapped in whole.
 """
 
@@ -35,7 +39,8 @@ from schemas.study import MEMO_MAX_SECONDS, PUBLISHED_GROUPS, salted_judge_id
 
 BUNDLE_MARKER = "datasheet.md"
 ANSWER_COLUMNS = ("judge_id", "panel_group", "prompt_id", "prompt", "tool", "answer", "shown_at", "answered_at",
-                  "position", "memo_file", "source")
+                  "memo_file", "source")
+TIME_RESOLUTION_S = 60  # exported times are floored to the minute: enough to show the answers followed the plan
 CC_BY = (
     "Creative Commons Attribution 4.0 International (CC BY 4.0)\n"
     "https://creativecommons.org/licenses/by/4.0/legalcode\n\n"
@@ -68,7 +73,15 @@ def _public_definition(definition, counts: Counter) -> dict:
     return d
 
 
-def _datasheet(ctx, prereg_sha: str | None, counts: Counter, answers: pa.Table, index: pa.Table, memos: int, notes: list[str]) -> str:
+def floor_time(ts):
+    """A timestamp floored to ``TIME_RESOLUTION_S`` (None stays None)."""
+    if ts is None:
+        return None
+    return ts.replace(second=0, microsecond=0)
+
+
+def _datasheet(ctx, prereg_sha: str | None, counts: Counter, answers: pa.Table, index: pa.Table, memos: int, notes: list[str],
+               status=None) -> str:
     d = ctx.definition
     lines = [f"# Datasheet: Beauty Index study `{d.study_id}`", ""]
     lines += [f"**{n}**" for n in notes] + ([""] if notes else [])
@@ -78,7 +91,7 @@ def _datasheet(ctx, prereg_sha: str | None, counts: Counter, answers: pa.Table, 
         f"- One question about every image: **\"{d.question}\"** Yes / No, with server-side timestamps "
         f"(shown, answered){'; an optional voice memo of at most ' + str(MEMO_MAX_SECONDS) + ' s, never used for scoring' if d.memo else ''}.",
         "- Blind: judges never learnt which tool made an image; images one at a time, never side by side; "
-        "order randomised per judge from a seed recorded at open.",
+        "order randomised per judge from a private secret whose sha256 was pre-registered at open.",
         "- Score: % of judges who said yes per (tool, prompt); Beauty Index of a tool = mean over the study's "
         "prompts of that (tool, prompt)'s % yes (0-100), with two-way cluster bootstrap intervals (judges x prompts).",
         f"- Prompt suite: `{d.suite}` (sha256 `{ctx.suite_sha256}`, prompts.jsonl). Tools: {', '.join(d.tools)}.",
@@ -91,9 +104,15 @@ def _datasheet(ctx, prereg_sha: str | None, counts: Counter, answers: pa.Table, 
         desc = g.description or PUBLISHED_GROUPS.get(g.name, "")
         lines.append(f"| {g.name} | {desc} | {g.selection_criteria or '–'} | {counts.get(g.name, 0)} |")
     lines += ["", "## Pre-registration", ""]
-    if prereg_sha:
-        lines += [f"preregistration.json, written once at open ({ctx.prereg.created_at}), sha256 `{prereg_sha}`. "
-                  "Hypotheses:", ""] + [f"- {k}: {v}" for k, v in ctx.prereg.hypotheses.items()]
+    if prereg_sha and status is not None and not status.preregistered:
+        lines += [f"**Not pre-registered.** preregistration.json (sha256 `{prereg_sha}`) was written at "
+                  f"{ctx.prereg.created_at}, after {status.early_answers} of the answers had been given: the plan "
+                  "postdates data, so its hypotheses are not a pre-registration. Hypotheses:", ""]
+        lines += [f"- {k}: {v}" for k, v in ctx.prereg.hypotheses.items()]
+    elif prereg_sha:
+        lines += [f"preregistration.json, written once at open ({ctx.prereg.created_at}) before every answer, sha256 "
+                  f"`{prereg_sha}`. Per-judge image orders were drawn from a private secret; the file publishes only "
+                  "its sha256 commitment. Hypotheses:", ""] + [f"- {k}: {v}" for k, v in ctx.prereg.hypotheses.items()]
     else:
         lines += ["None: the study was never opened in imagebench (answers imported), so no plan was pinned "
                   "before the answers; the analysis used the settings of study.json."]
@@ -101,7 +120,8 @@ def _datasheet(ctx, prereg_sha: str | None, counts: Counter, answers: pa.Table, 
               "- `answers.parquet` / `answers.csv`: one row per judge x image. `judge_id`: salted sha256 of the "
               "judge's label (the salt is not published, so ids cannot be recomputed from a guessed name); "
               "`panel_group`; `prompt_id`, `prompt`; `tool`; `answer` (yes/no; Parquet: boolean); `shown_at`, "
-              "`answered_at` (UTC); `position` (place in the judge's queue, 0-based; empty when imported); "
+              f"`answered_at` (UTC, floored to {TIME_RESOLUTION_S} s; the place in the judge's queue is not published, "
+              "and rows are sorted by judge, tool and prompt, so no judge's order can be rebuilt); "
               "`memo_file` (memos/..., only where the judge consented); `source` (panel / import / simulated).",
               "- `yes_rates.csv`, `beauty_index.csv` (panel_group `all` and one row per group), `hypotheses.csv`, "
               "`pixel_metrics.csv`: the analysis, as in the lake tables of the same names (docs/BEAUTY.md).",
@@ -109,10 +129,10 @@ def _datasheet(ctx, prereg_sha: str | None, counts: Counter, answers: pa.Table, 
               "- `study.json`, `preregistration.json`, `prompts.jsonl`, `LICENSE.txt`, `SHA256SUMS` "
               "(`sha256sum -c SHA256SUMS` checks the bundle).",
               "", "## Beauty Index", "", "| rank | tool | Beauty Index [95% CI] | answers |", "|---|---|---|---|"]
-    from tasks.beauty.publish import leaderboard_rows
+    from tasks.beauty.publish import index_text, leaderboard_rows
 
     for r in leaderboard_rows(index):
-        bi = "–" if r["beauty_index"] is None else f"{r['beauty_index']:.1f} [{r['beauty_index_lo']:.1f}, {r['beauty_index_hi']:.1f}]"
+        bi = index_text(r)
         lines.append(f"| {r['rank']} | {r['tool']} | {bi} | {r['answers']} |")
     lines += ["", "## Licence", "", f"{d.licence}: prompts, selection criteria, protocol, anonymised answers and "
               "report. Judges' identities are not part of the release.", ""]
@@ -122,7 +142,8 @@ def _datasheet(ctx, prereg_sha: str | None, counts: Counter, answers: pa.Table, 
 def export_study(settings, study_id: str, out: Path) -> Path:
     """Write the bundle of an analysed study into ``out`` (a new folder, or an earlier bundle,
     replaced whole). Returns ``out``."""
-    from tasks.beauty.publish import NOT_PREREGISTERED, SIMULATED_BANNER
+    from tasks.beauty.prereg import public_preregistration, status_of
+    from tasks.beauty.publish import SIMULATED_BANNER
     from tasks.beauty.sources import load_study_context, panel_memos
     from tasks.beauty.study import PREREG_FILE
     from tasks.beauty.tables import read_study_partition
@@ -138,7 +159,8 @@ def export_study(settings, study_id: str, out: Path) -> Path:
     if not tables["study_index"].num_rows:
         raise ExportError(f"study {study_id} has not been analysed: run imagebench study analyze --study {study_id} first")
     answers = tables["study_answers"]
-    notes = ([SIMULATED_BANNER] if ctx.definition.simulated else []) + ([NOT_PREREGISTERED] if ctx.prereg is None else [])
+    status = status_of(ctx.prereg, answers)
+    notes = ([SIMULATED_BANNER] if ctx.definition.simulated else []) + ([status.note] if status.note else [])
 
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}."))
@@ -156,7 +178,9 @@ def export_study(settings, study_id: str, out: Path) -> Path:
             for m in memos:
                 jid = salted_judge_id(salt, m["label"])
                 ext = Path(m["object_key"]).suffix.lstrip(".").lower() or "bin"
-                name = f"memos/{jid}-{int(m['position']):03d}.{ext}"
+                # named by a keyed hash, not the queue position (which would publish the judge's order)
+                opaque = hashlib.sha256(f"{salt}:memo:{jid}:{int(m['position'])}".encode()).hexdigest()[:16]
+                name = f"memos/{jid}-{opaque}.{ext}"
                 data = objects.read(StoredObject(uri="", key=m["object_key"], size=int(m["byte_size"]), etag=""))
                 (tmp / name).write_bytes(data)
                 memo_files[(jid, int(m["position"]))] = name
@@ -166,14 +190,15 @@ def export_study(settings, study_id: str, out: Path) -> Path:
             rows.append({
                 "judge_id": a["judge_id"], "panel_group": a["panel_group"], "prompt_id": a["prompt_id"],
                 "prompt": ctx.prompts.get(a["prompt_id"], ""), "tool": a["tool"], "answer": a["answer"],
-                "shown_at": a["shown_at"], "answered_at": a["answered_at"], "position": a["position"],
+                "shown_at": floor_time(a["shown_at"]), "answered_at": floor_time(a["answered_at"]),
                 "memo_file": memo_files.get((a["judge_id"], a["position"])) if a["position"] is not None else None,
                 "source": a["source"],
             })
+        rows.sort(key=lambda r: (r["judge_id"], r["tool"], r["prompt_id"]))  # not the order they were answered in
         public = pa.Table.from_pylist(rows, schema=pa.schema([
             ("judge_id", pa.string()), ("panel_group", pa.string()), ("prompt_id", pa.string()), ("prompt", pa.string()),
             ("tool", pa.string()), ("answer", pa.bool_()), ("shown_at", answers.schema.field("shown_at").type),
-            ("answered_at", answers.schema.field("answered_at").type), ("position", pa.int32()),
+            ("answered_at", answers.schema.field("answered_at").type),
             ("memo_file", pa.string()), ("source", pa.string())]))
         pq.write_table(public, tmp / "answers.parquet", compression="zstd")
         (tmp / "answers.csv").write_text(_csv(public), encoding="utf-8")
@@ -186,14 +211,16 @@ def export_study(settings, study_id: str, out: Path) -> Path:
         (tmp / "study.json").write_text(json.dumps(_public_definition(ctx.definition, counts), indent=1, sort_keys=True) + "\n")
         prereg_sha = None
         if ctx.prereg is not None:
-            data = (ctx.study_dir / PREREG_FILE).read_bytes()
+            data, redacted = public_preregistration((ctx.study_dir / PREREG_FILE).read_bytes())
             (tmp / PREREG_FILE).write_bytes(data)
             prereg_sha = hashlib.sha256(data).hexdigest()
+            if redacted:
+                notes.append(redacted)
         (tmp / "prompts.jsonl").write_text(
             "".join(json.dumps({"prompt_id": p, "prompt": ctx.prompts[p]}) + "\n" for p in ctx.prompt_ids))
         (tmp / "LICENSE.txt").write_text(CC_BY)
         (tmp / BUNDLE_MARKER).write_text(
-            _datasheet(ctx, prereg_sha, counts, answers, tables["study_index"], len(memo_files), notes), encoding="utf-8")
+            _datasheet(ctx, prereg_sha, counts, answers, tables["study_index"], len(memo_files), notes, status), encoding="utf-8")
         files = sorted(p for p in tmp.rglob("*") if p.is_file())
         (tmp / "SHA256SUMS").write_text("".join(
             f"{hashlib.sha256(p.read_bytes()).hexdigest()}  {p.relative_to(tmp).as_posix()}\n" for p in files))

@@ -22,9 +22,10 @@ from schemas.study import (
     STUDY_PIXEL_METRICS,
     STUDY_RATES,
 )
+from tasks.beauty.prereg import status_of
 from tasks.beauty.sources import StudyContext, StudyNotReady
 
-NOT_PREREGISTERED = "not pre-registered: the study was never opened, so its plan was not pinned before the answers"
+from tasks.beauty.prereg import NEVER_OPENED as NOT_PREREGISTERED
 SIMULATED_BANNER = (
     "SIMULATED: these answers were made up by `make demo`, not given by judges. "
     "The numbers show the pipeline, not how any tool moves people."
@@ -161,8 +162,9 @@ def analyze(settings, ctx: StudyContext, answers: pa.Table, pixel: pa.Table | No
     out = StudyTables(study_id=d.study_id, simulated=d.simulated)
     if d.simulated:
         out.notes.append(SIMULATED_BANNER)
-    if ctx.prereg is None:
-        out.notes.append(NOT_PREREGISTERED)
+    status = status_of(ctx.prereg, answers)
+    if status.note:
+        out.notes.append(status.note)
     pixel = STUDY_PIXEL_METRICS.empty_table() if pixel is None else pixel
     rates = analysis.yes_rates(answers)
     index = analysis.beauty_index(answers, plan.analysis.bootstrap_resamples, plan.analysis.seed, d.simulated)
@@ -206,3 +208,11 @@ def leaderboard_rows(index: pa.Table) -> list[dict]:
     rows = index.filter(pc.equal(index.column("panel_group"), "all")).to_pylist()
     return sorted(rows, key=lambda r: (-(r["beauty_index"] if r["beauty_index"] is not None else -1), r["tool"]))
 
+
+
+def index_text(row: dict) -> str:
+    """"46.7 [31.2, 60.0]" for a study_index row ("–" where a value is missing: a tool without
+    answers, or an interval no resample defined)."""
+    def f(x):
+        return "–" if x is None else f"{x:.1f}"
+    return "–" if row["beauty_index"] is None else f"{f(row['beauty_index'])} [{f(row['beauty_index_lo'])}, {f(row['beauty_index_hi'])}]"

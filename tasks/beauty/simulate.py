@@ -20,11 +20,13 @@ SIMULATION_START = datetime(2026, 1, 5, 9, 0, tzinfo=timezone.utc)  # fixed: the
 
 def simulate_answers(
     definition: StudyDefinition, prompt_ids: list[str], salt: str, seed: int = 7,
-    image_ids: dict[tuple[str, str], str] | None = None,
+    image_ids: dict[tuple[str, str], str] | None = None, start: datetime | None = None,
 ) -> pa.Table:
     """One SIMULATED answer per (declared judge, tool, prompt), in a per-judge shuffled order,
     schema ``STUDY_ANSWERS`` with source ``"simulated"``. ``image_ids``: (tool, prompt) -> the
-    opaque id of the opened study's blinded image, when it was opened."""
+    opaque id of the opened study's blinded image, when it was opened. ``start``: the first
+    answer's time (default ``SIMULATION_START``; an opened study starts an hour after its
+    pre-registration, so its simulated answers never predate its plan)."""
     if not definition.simulated:
         raise ValueError(f"study {definition.study_id}: simulated answers only go to a study.yaml with simulated: true")
     rng = np.random.default_rng(seed)
@@ -36,7 +38,7 @@ def simulate_answers(
         leniency = rng.normal(0.0, 0.5) + (0.6 if judge.group == "aphantasia" else 0.0)
         pairs = [(t, p) for t in range(len(tools)) for p in range(len(prompt_ids))]
         order = rng.permutation(len(pairs))
-        clock = SIMULATION_START + timedelta(hours=j)
+        clock = (start or SIMULATION_START) + timedelta(hours=j)
         for position, k in enumerate(order):
             t, p = pairs[k]
             prob = 1.0 / (1.0 + np.exp(-(tool_effect[t] + prompt_effect[p] + leniency)))
@@ -69,6 +71,9 @@ def record_simulated_answers(settings, study_id: str, seed: int = 7) -> int:
             image_ids = {(r["tool"], r["prompt_id"]): r["image_id"] for r in store.image_rows()}
         finally:
             store.dispose()
-    table = simulate_answers(ctx.definition, ctx.prompt_ids, study_salt(ctx.study_dir), seed, image_ids)
+    start = None
+    if ctx.prereg is not None:
+        start = datetime.fromisoformat(ctx.prereg.created_at).astimezone(timezone.utc).replace(microsecond=0) + timedelta(hours=1)
+    table = simulate_answers(ctx.definition, ctx.prompt_ids, study_salt(ctx.study_dir), seed, image_ids, start)
     write_study_partition(Lake(settings.lake_dir), "study_answers", study_id, table)
     return table.num_rows

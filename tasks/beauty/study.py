@@ -12,7 +12,6 @@ import hashlib
 import json
 import os
 import random
-import secrets
 import shutil
 import tempfile
 from dataclasses import dataclass, field
@@ -113,7 +112,15 @@ def load_study(settings, study_id: str) -> tuple[StudyDefinition, PreRegistratio
     if definition.study_id != study_id:
         raise StudyError(f"{d / STUDY_FILE}: study_id is {definition.study_id!r}, but the folder is {study_id!r}")
     prereg = verify_preregistration(d)
-    if prereg is not None:
+    if prereg is not None and (d / "imported-bundle.json").is_file():
+        # Imported from another lab's bundle (tasks/beauty/bundles.py): the definition it pinned
+        # named judges that were never published, so its hash cannot be checked here; what the
+        # analysis reads from the plan must still agree with study.yaml.
+        plan = (prereg.suite, prereg.analysis, prereg.host_tool, list(prereg.praised_for_aesthetics))
+        if plan != (definition.suite, definition.analysis, definition.host_tool, list(definition.praised_for_aesthetics)):
+            raise StudyError(f"{d / STUDY_FILE} disagrees with the imported pre-registration (suite, analysis, host_tool, "
+                             "praised_for_aesthetics): the plan is frozen; restore it")
+    elif prereg is not None:
         got = hashlib.sha256(canonical_definition(definition)).hexdigest()
         if got != prereg.definition_sha256:
             raise StudyError(f"{d / STUDY_FILE} changed after the study was opened (sha256 {got[:12]}..., "
@@ -190,10 +197,11 @@ class OpenedStudy:
     blinding_report: list[str] = field(default_factory=list)  # what `study open` prints (tasks/panel/blind.py)
 
 
-def judge_order(order_seed: int, label: str, image_ids: list[str]) -> list[str]:
-    """The judge's permutation of the study's images: a pure function of the recorded seed and the
-    label (reproducible; a different order per judge)."""
-    key = int.from_bytes(hashlib.sha256(f"{order_seed}:{label}".encode()).digest()[:8], "big")
+def judge_order(order_key: int | str, label: str, image_ids: list[str]) -> list[str]:
+    """The judge's permutation of the study's images: a pure function of the study's order key
+    (the private order secret; the published seed for studies opened before it was kept private,
+    tasks/beauty/prereg.py) and the label (reproducible; a different order per judge)."""
+    key = int.from_bytes(hashlib.sha256(f"{order_key}:{label}".encode()).digest()[:8], "big")
     out = list(image_ids)
     random.Random(key).shuffle(out)
     return out
@@ -213,7 +221,7 @@ def missing_images(ingested: dict[str, list[dict]]) -> dict[str, list[str]]:
 def _write_prereg(d: Path, prereg: PreRegistration) -> None:
     """Create-once: a complete temp file hard-linked to the name (fails if it exists), read-only,
     then pinned in SHA256SUMS."""
-    data = (json.dumps(prereg.model_dump(mode="json"), sort_keys=True, indent=1) + "\n").encode()
+    data = prereg.to_json_bytes()
     fd, tmp = tempfile.mkstemp(dir=d, prefix=".prereg.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as fh:
@@ -242,8 +250,15 @@ def open_study(settings, study_id: str, now: datetime | None = None) -> OpenedSt
     from tasks.panel.store import new_token, sha256_hex
     from tasks.work import open_configured_store
 
+    from tasks.beauty.prereg import commitment, create_order_secret, order_key
+
     now = now or datetime.now(UTC)
     definition, prereg, d = load_study(settings, study_id)
+    existing = _answers_in_lake(settings, study_id)
+    if existing:  # checked before the panel store is touched: a refused open leaves nothing behind
+        # A plan written after the data is no pre-registration (issue 16, item 6).
+        raise StudyError(f"study {study_id} already has {existing} answers (imported or simulated): a study is "
+                         "pre-registered before its first answer, so it cannot be opened now; open a new study")
     store = open_panel_store(settings, study_id)
     try:
         if store.exists():
@@ -272,8 +287,8 @@ def open_study(settings, study_id: str, now: datetime | None = None) -> OpenedSt
                 study_id=study_id, created_at=now.isoformat(),
                 definition_sha256=hashlib.sha256(canonical_definition(definition)).hexdigest(),
                 suite=suite.version, suite_sha256=suite.sha256, hypotheses=dict(HYPOTHESES),
-                analysis=definition.analysis, order_seed=secrets.randbits(62), host_tool=definition.host_tool,
-                praised_for_aesthetics=list(definition.praised_for_aesthetics))
+                analysis=definition.analysis, order_commitment=commitment(create_order_secret(d)),
+                host_tool=definition.host_tool, praised_for_aesthetics=list(definition.praised_for_aesthetics))
             _write_prereg(d, prereg)
         elif prereg.suite_sha256 != suite.sha256:
             raise StudyError(f"{d / PREREG_FILE} was registered with suite sha256 {prereg.suite_sha256}, not {suite.sha256}")
@@ -295,15 +310,25 @@ def open_study(settings, study_id: str, now: datetime | None = None) -> OpenedSt
         ids = [r["image_id"] for r in by_pair]
         tokens = {j.label: new_token() for j in definition.judges}
         admin = new_token()
+        key = order_key(prereg, d)
         store.create_study(
-            order_seed=prereg.order_seed, memo=definition.memo, admin_token_sha256=sha256_hex(admin), opened_at=now,
+            # The store keeps no order secret (0): the queues themselves are stored.
+            order_seed=key if isinstance(key, int) else 0, memo=definition.memo, admin_token_sha256=sha256_hex(admin), opened_at=now,
             image_rows=image_rows,
             judge_rows=[{"label": j.label, "panel_group": j.group, "token_sha256": sha256_hex(tokens[j.label])}
                         for j in definition.judges],
-            queues={j.label: judge_order(prereg.order_seed, j.label, ids) for j in definition.judges})
+            queues={j.label: judge_order(key, j.label, ids) for j in definition.judges})
         return OpenedStudy(d, prereg, admin, tokens, len(image_rows), report.lines)
     finally:
         store.dispose()
+
+
+def _answers_in_lake(settings, study_id: str) -> int:
+    """How many answers the lake holds for the study (imported or simulated before any open)."""
+    from tasks.beauty.tables import read_study_partition
+    from tasks.lake import Lake
+
+    return read_study_partition(Lake(settings.lake_dir), "study_answers", study_id).num_rows
 
 
 # ---- status / close ------------------------------------------------------------------------------

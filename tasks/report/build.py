@@ -503,11 +503,14 @@ def _env() -> Environment:
     return env
 
 
-def build_report(data: ReportData, out_dir: Path, studies: list | tuple = (), vab: list | tuple = ()) -> Path:
+def build_report(data: ReportData, out_dir: Path, studies: list | tuple = (), vab: list | tuple = (),
+                 leaderboard_note: str | None = None) -> Path:
     """Write the static site for ``data`` into ``out_dir`` and return the path of ``index.html``.
 
     ``studies``: links to Beauty Index study pages (tasks.report.study) listed on the index.
     ``vab``: links to VAB set collection pages (tasks.report.vab) listed on the index.
+    ``leaderboard_note``: why there is no ImageBench leaderboard (a workspace of studies only,
+    tasks/report/site.py): the index says so instead of drawing empty leaderboard sections.
     Rebuilding into the same directory is cheap (thumbnails are content-addressed and reused) and
     leaves no stale model pages or thumbnails behind. Refuses a non-empty directory that is not a
     previous report."""
@@ -586,6 +589,7 @@ def build_report(data: ReportData, out_dir: Path, studies: list | tuple = (), va
         tag_charts=[(i, h, Markup(s)) for i, h, s in tag_charts],
         studies=list(studies),
         vab=list(vab),
+        leaderboard_note=leaderboard_note,
     )
     index = out_dir / "index.html"
     _write_text(index, index_html)

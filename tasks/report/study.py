@@ -126,7 +126,8 @@ def study_page_context(study_id: str, tables: dict[str, pa.Table], title: str, q
 def build_study_pages(settings, out_dir: Path) -> list[StudyLink]:
     """Write ``studies/<id>.html`` for every analysed study of the lake into the report folder
     ``out_dir`` (pages of studies no longer in the lake are removed). Returns links for the index."""
-    from tasks.beauty.publish import NOT_PREREGISTERED, SIMULATED_BANNER
+    from tasks.beauty.prereg import status_of
+    from tasks.beauty.publish import SIMULATED_BANNER
     from tasks.beauty.sources import load_study_context
     from tasks.beauty.tables import read_study_partition, studies_in_lake
     from tasks.lake import Lake
@@ -145,11 +146,21 @@ def build_study_pages(settings, out_dir: Path) -> list[StudyLink]:
         try:
             ctx = load_study_context(settings, study_id)
             title, question, prompts = ctx.definition.title or study_id, ctx.definition.question, ctx.prompts
+            status = status_of(ctx.prereg, tables["study_answers"])
+            if status.note:
+                notes.append(status.note)
             if ctx.prereg is None:
-                notes.append(NOT_PREREGISTERED)
                 prereg_text = "none (answers imported; the plan was not pinned before them)"
+            elif not status.preregistered:
+                prereg_text = f"NOT pre-registered: written {ctx.prereg.created_at}, after {status.early_answers} of the answers"
             else:
                 prereg_text = f"pinned at open, {ctx.prereg.created_at} (definition sha256 {ctx.prereg.definition_sha256[:12]}...)"
+            from tasks.beauty.bundles import imported_from
+
+            origin = imported_from(ctx.study_dir)
+            if origin:
+                prereg_text += (f"; imported from the open-data bundle {origin['bundle']} (study {origin['original_study_id']}, "
+                                f"SHA256SUMS sha256 {origin['sha256sums_sha256'][:12]}... verified)")
         except (OSError, ValueError, RuntimeError) as exc:  # the lake is the record; the folder may be elsewhere
             notes.append(f"study folder not readable here ({type(exc).__name__}): prompts shown by id")
         flagged = sum(r["flagged_answers"] or 0 for r in tables["study_index"].to_pylist() if r["panel_group"] == "all")
@@ -170,4 +181,9 @@ def build_study_pages(settings, out_dir: Path) -> list[StudyLink]:
     for f in (Path(out_dir) / STUDIES_DIR).glob("*.html") if (Path(out_dir) / STUDIES_DIR).is_dir() else ():
         if f.name not in keep:
             f.unlink()
+    from tasks.report.pooled import build_pooled_page  # tools shared by studies, pooled (issue 16 item 13)
+
+    pooled = build_pooled_page(settings, Path(out_dir))
+    if pooled:
+        links.append(StudyLink("pooled", "Pooled across studies: random-effects Beauty Index per shared tool", pooled, False))
     return links

@@ -130,7 +130,6 @@ def test_two_way_bootstrap_resamples_judges_within_groups_and_prompts():
     [
         ([("j1", "g", "a", "p", True), ("j1", "g", "a", "p", False), ("j1", "g", "b", "p", True)], "judge j1 answered (a, p) twice"),
         ([("j1", "g", "a", "p", True), ("j1", "h", "b", "p", True)], "judge j1 appears in panel groups"),
-        ([("j1", "g", "a", "p", True)], "at least two tools"),
     ],
 )
 def test_bad_answers_are_refused_with_a_clear_message(rows, message):
@@ -222,3 +221,42 @@ def test_h2_permutation_p_is_exact_on_a_small_panel():
     assert h2.p_value == pytest.approx(1 / 6)
     assert h2.effect == pytest.approx((100 + 75) / 2 - (25 + 0) / 2)
     assert "exact over all 6 assignments" in h2.detail
+
+
+# ---- partial panels (issue 16 item 3): every analysis finishes on any study with an answer ------
+def test_partial_panel_counts_unfittable_resamples_instead_of_crashing():
+    """Judges who stopped halfway: a resample that draws only the all-yes judges has no logistic
+    model (statsmodels: "endog values must be 0 and 1, and not all identical"); it is counted and
+    reported, and H3 is still tested on the refits that could be fitted."""
+    tools, prompts = ("a", "b", "c"), [f"p{k}" for k in range(6)]
+    rows = [("full-yes", "photographers", t, p, True) for t in tools for p in prompts]
+    rows += [("stopped", "photographers", t, p, (k + len(t)) % 2 == 0) for t in tools for k, p in enumerate(prompts[:2])]
+    rows += [("aph-yes", "aphantasia", t, p, True) for t in tools for p in prompts]
+    rows += [("aph-mixed", "aphantasia", t, p, (k * 7 + len(t)) % 3 == 0) for t in tools for k, p in enumerate(prompts[:3])]
+    answers = answers_table(rows)
+    results = {r.hypothesis: r for r in A.test_hypotheses(answers, prereg(host="a"), mixed_resamples=40)}
+    h3 = results["H3"]
+    assert h3.verdict in ("supported", "not supported"), h3.detail
+    failed, tried = int(h3.values["refits_failed"]), int(h3.values["refits_tried"])
+    assert tried == 40 and 0 < failed < tried and int(h3.values["refits"]) == tried - failed
+    assert f"{failed} of {tried} resamples could not be fitted" in h3.detail
+    index = A.beauty_index(answers, resamples=200, seed=3)
+    assert index.num_rows == len(tools) * 3  # all + two groups
+
+
+def test_one_answer_analyses_and_says_why_each_hypothesis_is_not_tested():
+    answers = answers_table([("j1", "photographers", "a", "p1", True)])
+    assert A.yes_rates(answers).to_pylist()[0]["yes_rate"] == 100.0
+    (row, *_), = [A.beauty_index(answers, resamples=100).to_pylist()]
+    assert row["beauty_index"] == 100.0 and row["rank"] == 1 and row["beauty_index_lo"] == 100.0
+    results = A.test_hypotheses(answers, prereg(host="a", praised=("a",)), mixed_resamples=5)
+    by = {r.hypothesis: r for r in results}
+    assert by["H3"].verdict == "not tested" and "two tools, two prompts and two judges" in by["H3"].detail
+    assert by["H2"].verdict == "not tested" and "aphantasia" in by["H2"].detail
+    assert all(r.verdict in ("not tested", "supported", "not supported") and r.detail for r in results)
+
+
+def test_all_identical_answers_leave_h3_untested_with_the_reason():
+    rows = [(f"j{i}", "photographers", t, p, True) for i in range(3) for t in ("a", "b") for p in ("p1", "p2")]
+    h3 = {r.hypothesis: r for r in A.test_hypotheses(answers_table(rows), prereg(), mixed_resamples=5)}["H3"]
+    assert h3.verdict == "not tested" and "every answer is yes" in h3.detail

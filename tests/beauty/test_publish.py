@@ -166,12 +166,19 @@ def test_flow_writes_lake_tables_and_views(published):
 def test_study_leaderboard_json(published):
     r = published["board"]
     assert r.exit_code == 0, r.output
-    board = json.loads(r.output)
+    board = json.loads(r.stdout)
     expected = _expected_index(published["rows"])
     assert [b["tool"] for b in board] == sorted(TOOLS, key=lambda t: -expected[t])
+    table = _cli("study", "leaderboard", "--study", STUDY).stdout
     for b in board:
         assert {"tool", "beauty_index", "beauty_index_lo", "beauty_index_hi", "answers"} <= set(b)
-        assert b["beauty_index"] == pytest.approx(expected[b["tool"]]) and b["answers"] == len(LABELS) * 10
+        assert b["beauty_index"] == round(expected[b["tool"]], 1) and b["answers"] == len(LABELS) * 10
+        # issue 16 item 12: JSON rounds as the table prints (one decimal), never 39.937500000000114
+        for key in ("beauty_index", "beauty_index_lo", "beauty_index_hi"):
+            assert b[key] == round(b[key], 1) and len(repr(b[key]).split(".")[-1]) == 1
+        assert f"{b['beauty_index']:.1f} [{b['beauty_index_lo']:.1f}, {b['beauty_index_hi']:.1f}]" in table
+        assert b["preregistered"] is False  # imported: never opened (issue 16 item 6)
+    assert "not pre-registered" in table
     assert "SIMULATED" not in r.output
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import json
 import os
 import shutil
 import sqlite3
@@ -10,6 +11,7 @@ import sqlite3
 import pytest
 from PIL import Image
 
+from tasks.beauty.prereg import commitment, read_order_secret
 from tasks.beauty.study import StudyError, judge_order, load_definition, load_study, open_study
 from tasks.panel.blind import BLIND_LONG_SIDE, blind_image, metadata_markers_in
 from tasks.panel.store import PanelStore, StoreUnavailable
@@ -82,6 +84,10 @@ def test_open_preregisters_once_orders_per_judge_and_hashes_tokens(tmp_path):
     prereg_path = d / "preregistration.json"
     assert not os.access(prereg_path, os.W_OK) or os.geteuid() == 0
     assert (d / "SHA256SUMS").read_text().endswith("  preregistration.json\n")
+    # The orders' secret stays private (0600); the plan publishes only its sha256 (issue 16 item 4).
+    plan = json.loads(prereg_path.read_text())
+    assert "order_seed" not in plan and plan["order_commitment"] == commitment(read_order_secret(d))
+    assert read_order_secret(d) not in prereg_path.read_text() and (d / "order-secret").stat().st_mode & 0o077 == 0
     with pytest.raises(StudyError, match="already open"):
         open_study(settings, "s1")
     # Orders: reproducible from the recorded seed, different per judge, each a permutation.
@@ -90,7 +96,7 @@ def test_open_preregisters_once_orders_per_judge_and_hashes_tokens(tmp_path):
     canonical = [r["image_id"] for r in rows]  # sorted by (tool, prompt)
     queues = {label: store.queue_of(label) for label in ("j1", "j2", "j3")}
     for label, q in queues.items():
-        assert q == judge_order(opened.preregistration.order_seed, label, canonical)
+        assert q == judge_order(read_order_secret(d), label, canonical)
         assert sorted(q) == sorted(canonical)
     assert len({tuple(q) for q in queues.values()}) == 3
     # Blinded files named by opaque ids only; tokens stored hashed, never in clear.

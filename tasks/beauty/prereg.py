@@ -1,0 +1,124 @@
+"""What a study's pre-registration may publish, and whether the answers came after it.
+
+- The order secret: each judge's image order is ``random.Random(sha256("<secret>:<label>"))``.
+  Format /1 pre-registrations published that secret (an integer seed), so a guessed label
+  regenerated a judge's order and matched it to the answers (issue 16, item 4). Since format /2
+  the secret is 32 random bytes kept in ``studies/<id>/order-secret`` (0600, never exported or
+  logged); the pre-registration publishes only its sha256 (a commitment: a lab can later prove
+  which secret drew the orders, no one can recompute them before).
+- ``public_preregistration``: the bytes a bundle may carry (a /1 file is re-written without its
+  seed, naming the original's sha256).
+- ``preregistration_status``: a plan only counts as pre-registered when it was written before
+  every answer (issue 16, item 6).
+
+Pure functions and small file helpers; no torch, Prefect or GX.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import secrets
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+from schemas.study import PreRegistration
+
+ORDER_SECRET_FILE = "order-secret"
+
+
+def commitment(secret: str) -> str:
+    return hashlib.sha256(secret.encode()).hexdigest()
+
+
+def create_order_secret(study_dir: Path) -> str:
+    """A new order secret written once (0600). An existing one (an open that crashed before its
+    pre-registration was written) is reused."""
+    path = Path(study_dir) / ORDER_SECRET_FILE
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        return read_order_secret(study_dir)
+    secret = secrets.token_hex(32)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(secret + "\n")
+        fh.flush()
+        os.fsync(fh.fileno())
+    return secret
+
+
+def read_order_secret(study_dir: Path) -> str:
+    path = Path(study_dir) / ORDER_SECRET_FILE
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: the study's order secret is missing (restore it from a backup)")
+    secret = path.read_text().strip()
+    if len(secret) < 32:
+        raise ValueError(f"{path}: order secret shorter than 32 characters (corrupt?)")
+    return secret
+
+
+def order_key(prereg: PreRegistration, study_dir: Path) -> int | str:
+    """What the per-judge orders are drawn from: the private secret (format /2, checked against
+    its published commitment) or the published seed of a study opened before /2."""
+    if prereg.order_commitment is not None:
+        secret = read_order_secret(study_dir)
+        if commitment(secret) != prereg.order_commitment:
+            raise ValueError(f"{Path(study_dir) / ORDER_SECRET_FILE} does not match the pre-registered commitment "
+                             f"{prereg.order_commitment[:12]}...: the orders cannot be trusted")
+        return secret
+    if prereg.order_seed is None:
+        raise ValueError(f"study {prereg.study_id}: its pre-registration records no order source (a redacted copy?)")
+    return prereg.order_seed
+
+
+def public_preregistration(data: bytes) -> tuple[bytes, str | None]:
+    """The pre-registration a bundle may publish, and a note when it had to be changed: a /2 file
+    unchanged; a /1 file without its order seed, with the original's sha256."""
+    prereg = PreRegistration.model_validate_json(data)
+    if prereg.order_seed is None:
+        return data, None
+    original = hashlib.sha256(data).hexdigest()
+    redacted = prereg.model_copy(update={"order_seed": None, "redacted_from_sha256": original})
+    note = (f"preregistration.json is a copy of the original (sha256 {original}) without its order seed: the study was "
+            "opened before imagebench kept that seed private, and with it a guessed label would regenerate a judge's order")
+    return redacted.to_json_bytes(), note
+
+
+def _utc(ts) -> datetime:
+    if isinstance(ts, str):
+        ts = datetime.fromisoformat(ts.replace("Z", "+00:00"))
+    if ts.tzinfo is None:
+        ts = ts.replace(tzinfo=timezone.utc)
+    return ts.astimezone(timezone.utc)
+
+
+@dataclass(frozen=True)
+class PreregStatus:
+    preregistered: bool
+    note: str | None  # None when pre-registered; else why not, for every output of the study
+    early_answers: int = 0
+
+
+NEVER_OPENED = "not pre-registered: the study was never opened, so its plan was not pinned before the answers"
+
+
+def preregistration_status(prereg: PreRegistration | None, answer_times: list) -> PreregStatus:
+    """Pre-registered only when the plan exists and was written before every answer was given
+    (``answer_times``: each answer's shown_at, the earlier of its two times). Times at or after
+    the plan's ``created_at`` count as after it: a bundle's times are floored to the minute, so a
+    floored time at or after the plan proves the real one is too."""
+    if prereg is None or prereg.created_at == "not pre-registered":
+        return PreregStatus(False, NEVER_OPENED)
+    created = _utc(prereg.created_at)
+    early = sum(1 for t in answer_times if t is not None and _utc(t) < created)
+    if early:
+        return PreregStatus(False, f"not pre-registered: {early} of {len(answer_times)} answers predate the "
+                                   f"pre-registration ({prereg.created_at}), so the plan was written after data existed", early)
+    return PreregStatus(True, None)
+
+
+def status_of(prereg: PreRegistration | None, answers) -> PreregStatus:
+    """``preregistration_status`` of an answers table (STUDY_ANSWERS or a bundle's answers)."""
+    times = answers.column("shown_at").to_pylist() if answers is not None and answers.num_rows else []
+    return preregistration_status(prereg, times)
