@@ -685,13 +685,13 @@ def report(
         from tasks import work
         from tasks.report import build_report
         from tasks.report_adapter import report_data_from_lake
-
         from tasks.report.study import build_study_pages
+        from tasks.report.vab import build_vab_pages
 
         suite = work.load_pinned_suite(settings)
         reference = work.load_verified_reference(settings, suite, None)
-        studies = build_study_pages(settings, out)  # studies/<id>.html of every analysed study
-        index = build_report(report_data_from_lake(settings, suite, reference), out, studies=studies)
+        index = build_report(report_data_from_lake(settings, suite, reference), out, studies=build_study_pages(settings, out),
+                             vab=build_vab_pages(settings, out))  # every analysed study, every VAB collection with answers
         err.print(f"[green]report written:[/] {index}  (open it, or `python -m http.server -d {out}`)")
 
 
