@@ -173,7 +173,7 @@ def _by_judge(metrics: list[dict], audit_of: dict, table: bool) -> tuple[list[st
     from tasks.vab.present import judge_label, is_one_trial, strict_or_none
 
     if table:
-        columns = ["judge", "kind", "trials", "strict both, 3 trials [95% CI]", "one-trial both [95% CI]", "strict best",
+        columns = ["judge", "kind", "trials", "strict both, 3 trials [95% Wilson]", "one-trial both [95% Wilson]", "strict best",
                    "strict worst", "tasks", "invalid", "missing", "audit"]
         rows = [[judge_label(m), m["judge_kind"], m["trials_per_task"],
                  "–" if is_one_trial(m) else _ci(m["strict_both"], m["strict_both_ci"]), _ci(m["single_both"], m["single_both_ci"]),

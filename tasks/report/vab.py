@@ -39,7 +39,7 @@ def anchor(judge: str) -> str:
     return "audit-" + re.sub(r"[^A-Za-z0-9_-]", "-", judge)
 
 
-BAR_W, BAR_X0, BAR_RIGHT, ROW_H = 400.0, 8.0, 60.0, 40
+BAR_W, BAR_X0, BAR_RIGHT, ROW_H = 400.0, 8.0, 64.0, 44
 
 
 def bars_svg(bars: list[dict], uid: str, title: str) -> str:
@@ -50,22 +50,22 @@ def bars_svg(bars: list[dict], uid: str, title: str) -> str:
     width, height = BAR_X0 + BAR_W + BAR_RIGHT, ROW_H * len(bars) + 30
     x0 = BAR_X0
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" class="chart bars scales" id="{esc(uid)}" viewBox="0 0 {width:.0f} {height:.0f}" '
-           f'width="100%" preserveAspectRatio="xMinYMin meet" role="img" aria-label="{esc(title)}" {FONT} font-size="12">',
+           f'width="100%" preserveAspectRatio="xMinYMin meet" role="img" aria-label="{esc(title)}" {FONT} font-size="14">',
            f"<title>{esc(title)}</title>",
            f'<rect x="0" y="0" width="{width:.0f}" height="{height:.0f}" fill="#ffffff"/>']
     for t in (0, 25, 50, 75, 100):
         x = x0 + BAR_W * t / 100
         out.append(f'<line x1="{x:.1f}" y1="4" x2="{x:.1f}" y2="{height - 22:.1f}" stroke="#e3e3e3"/>')
         out.append(f'<text x="{x:.1f}" y="{height - 8:.1f}" text-anchor="{"start" if t == 0 else "middle"}" fill="#555" '
-                   f'font-size="11">{t}</text>')
+                   f'font-size="12">{t}</text>')
     for i, b in enumerate(bars):
         y, v = 4 + ROW_H * i, b["value"]
         colour = {"ours": OURS, "published": PUBLISHED, "baseline": BASELINE}[b["source"]]
         out.append(f'<g class="bar {b["source"]}" data-label="{esc(b["label"])}" data-value="{"" if v is None else f"{v:.4f}"}">'
                    f'<title>{esc(b["label"])}: {_f(v)}%</title>')
-        out.append(f'<text class="label" x="{x0:.1f}" y="{y + 12:.1f}" fill="#222">{esc(b["label"])}</text>')
+        out.append(f'<text class="label" x="{x0:.1f}" y="{y + 14:.1f}" fill="#222">{esc(b["label"])}</text>')
         if v is not None:
-            ym, end = y + 24, v
+            ym, end = y + 28, v
             out.append(f'<rect x="{x0:.1f}" y="{ym - 7:.1f}" width="{BAR_W * v / 100:.1f}" height="14" fill="{colour}"/>')
             lo, hi = b.get("lo"), b.get("hi")
             if lo is not None and hi is not None:
@@ -74,7 +74,7 @@ def bars_svg(bars: list[dict], uid: str, title: str) -> str:
                            f'y2="{ym:.1f}"/><line x1="{xl:.1f}" y1="{ym - 5:.1f}" x2="{xl:.1f}" y2="{ym + 5:.1f}"/>'
                            f'<line x1="{xh:.1f}" y1="{ym - 5:.1f}" x2="{xh:.1f}" y2="{ym + 5:.1f}"/></g>')
                 end = max(v, hi)
-            out.append(f'<text class="value" x="{x0 + BAR_W * end / 100 + 5:.1f}" y="{ym + 4:.1f}" fill="#222">{_f(v)}</text>')
+            out.append(f'<text class="value" x="{x0 + BAR_W * end / 100 + 5:.1f}" y="{ym + 5:.1f}" fill="#222">{_f(v)}</text>')
         out.append("</g>")
     out.append("</svg>")
     return "\n".join(out)
