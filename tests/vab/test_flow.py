@@ -272,3 +272,6 @@ def test_uncalibrated_hpsv3_is_flagged_on_run_leaderboard_and_audit(ran, tmp_pat
     assert "hpsv3 UNCALIBRATED" in audit.output and "judge hpsv3: UNCALIBRATED demo weights" in " ".join(audit.output.split())
     rows = json.loads(_cli("vab", "audit", "--sets", "demo-hps", "--judge", "hpsv3", "--no-rerun", "--format", "json").stdout)
     assert rows and all(r["uncalibrated"] is True for r in rows)
+    from flows.vab import summary_markdown  # the run's Prefect artifact says it too
+
+    assert "| hpsv3 **UNCALIBRATED** demo weights |" in summary_markdown("demo-hps", {"hpsv3": dict(ran["summary"]["judges"]["sharpness"], uncalibrated=True)})

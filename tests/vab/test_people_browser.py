@@ -220,8 +220,11 @@ def test_an_expert_views_one_image_full_screen_and_comes_back(browser, vab_study
              " vw: innerWidth, vh: innerHeight, nw: i.naturalWidth}; })()")
 
     def viewer(want_open: bool) -> dict:
-        WebDriverWait(drv, 10, poll_frequency=0.05).until(
-            lambda d: d.execute_script(state)["open"] == want_open and (not want_open or d.execute_script(state)["nw"] > 0))
+        def ready(d) -> bool:
+            st = d.execute_script(state)
+            return st["open"] == want_open and (not want_open or st["nw"] > 0)
+
+        WebDriverWait(drv, 10, poll_frequency=0.05).until(ready)
         return drv.execute_script(state)
 
     try:
@@ -252,7 +255,9 @@ def test_an_expert_views_one_image_full_screen_and_comes_back(browser, vab_study
         viewer(False)
         drv.find_element(By.ID, "worst-1").click()
         drv.find_element(By.ID, "submit").click()
-        WebDriverWait(drv, 15).until(lambda d: d.find_element(By.ID, "progress").get_attribute("data-protocol") == "score")
+        # read in one script: the old page may be replaced between a find and a read
+        WebDriverWait(drv, 15, poll_frequency=0.05).until(lambda d: d.execute_script(
+            "const p = document.getElementById('progress'); return p && p.dataset.protocol;") == "score")
         box = drv.find_element(By.ID, "score-1")
         box.send_keys("2")  # typing a score is not a request to view image 2
         assert not drv.execute_script(state)["open"] and box.get_attribute("value") == "2"
