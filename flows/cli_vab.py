@@ -237,3 +237,8 @@ def vab_compare(
                 rows.append([metric, judge_a, judge_b, r1(c["a_pct"]), r1(c["b_pct"]), c["only_a"], c["only_b"],
                              c["both"], c["neither"], c["tasks"], p_out(c["p_value"])])
         render(columns, rows, fmt, title=f"VAB: {judge_a} vs {judge_b} on {sets} (McNemar exact)")
+        once = {r["judge"] for r in trials.select(["judge", "judge_kind"]).to_pylist() if r["judge_kind"] == "human"}
+        if (judge_a in once) != (judge_b in once):  # docs/VAB.md, "One trial and three"
+            cli.err.print(f"[bold yellow]{judge_a if judge_a in once else judge_b} answered each task once: its 'strict' is one "
+                          f"trial, the other's three; compare people with machines on one-trial accuracy (vab leaderboard)[/]",
+                          highlight=False, soft_wrap=True)

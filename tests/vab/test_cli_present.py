@@ -18,6 +18,7 @@ from schemas.vab import VAB_TRIALS
 from tests.vab.test_sets import _csv, _manifest, _png
 
 N2 = 30  # 2-image tasks (stored order: best first)
+HUMAN = "expert-0123456789ab"
 
 
 def _invoke(*args):
@@ -64,10 +65,10 @@ def _expert(tasks, right_ids) -> None:
     for t in tasks:
         n, ok = len(t["images"]), t["task_id"] in right_ids
         best, worst = (1, 3 if n > 2 else None) if ok else (2, 1 if n > 2 else None)
-        rows.append({"sets": "many", "judge": "expert-0123456789ab", "judge_kind": "human", "judge_identity": '{"study": "s"}',
+        rows.append({"sets": "many", "judge": HUMAN, "judge_kind": "human", "judge_identity": '{"study": "s"}',
                      "task_id": t["task_id"], "trial": 0, "order": list(range(1, n + 1)), "best_shown": best,
                      "worst_shown": worst, "best": best, "worst": worst, "state": "ok", "detail": None, "decided_at": now})
-    replace_judge_trials(Lake(load_settings().lake_dir), "many", "expert-0123456789ab", pa.Table.from_pylist(rows, schema=VAB_TRIALS))
+    replace_judge_trials(Lake(load_settings().lake_dir), "many", HUMAN, pa.Table.from_pylist(rows, schema=VAB_TRIALS))
 
 
 def test_people_get_their_own_column_and_random_line(collection):
@@ -78,8 +79,8 @@ def test_people_get_their_own_column_and_random_line(collection):
     r = _invoke("vab", "leaderboard", "--sets", "many", "--format", "json")
     assert r.exit_code == 0, r.output
     board = {b["judge"]: b for b in json.loads(r.stdout)}
-    assert [b["judge"] for b in json.loads(r.stdout)] == ["right", "third", "expert-0123456789ab"]  # people after machines
-    e = board["expert-0123456789ab"]
+    assert [b["judge"] for b in json.loads(r.stdout)] == ["right", "third", HUMAN]  # people after machines
+    e = board[HUMAN]
     assert e["trials_per_task"] == 1 and e["strict_both"] is None and e["strict_both_lo"] is None
     assert e["single_both"] == 75.0 and 0 < e["single_both_lo"] < 75.0 < e["single_both_hi"] < 100
     m = board["right"]
@@ -88,9 +89,12 @@ def test_people_get_their_own_column_and_random_line(collection):
     assert 85.0 < m["strict_both_lo"] < 100.0 == m["strict_both_hi"] and m["strict_both_boot_lo"] == 100.0
     assert board["third"]["strict_both"] == 100 * 10 / 32  # full precision, not 31.2
 
+    cmp = _invoke("vab", "compare", "right", HUMAN, "--sets", "many")
+    assert cmp.exit_code == 0 and f"{HUMAN} answered each task once" in " ".join(cmp.output.split())
+    assert "answered each task once" not in _invoke("vab", "compare", "right", "third", "--sets", "many").output
     table = _invoke("vab", "leaderboard", "--sets", "many")
     assert table.exit_code == 0, table.output
-    line = next(x for x in table.output.splitlines() if "expert-0123456789ab" in x)
+    line = next(x for x in table.output.splitlines() if HUMAN in x)
     cells = [c.strip() for c in line.split("│")[1:-1]]
     assert cells[2] == "1" and cells[3] == "–" and cells[4].startswith("75.0 [")  # not in the strict column
     # random judge: 30 tasks of 2 images (3 trials 1/8, one trial 1/2), 2 of 3 (1/216, 1/6)
