@@ -19,9 +19,12 @@ from flows.output import OutputFormat, render
 vab_app = typer.Typer(help="Visual Aesthetic Benchmark: sets, judges' answers, strict metrics.", no_args_is_help=True)
 
 SETS_OPT = typer.Option("--sets", help="the set collection's name (imagebench vab import-sets ... --name S)")
-LEADERBOARD_JSON_COLUMNS = ("judge", "judge_kind", "strict_best", "strict_worst", "strict_both", "strict_both_lo",
-                            "strict_both_hi", "single_best", "single_worst", "single_both", "tasks", "invalid_trials",
-                            "missing_trials", "audit")
+# strict_both_lo/hi: 95% Wilson interval (honest at 0% and 100%); *_boot_*: the task bootstrap beside it.
+# A one-trial judge (trials_per_task 1, a person) has null strict_* figures: see single_* (docs/VAB.md).
+LEADERBOARD_JSON_COLUMNS = ("judge", "judge_kind", "trials_per_task", "strict_best", "strict_worst", "strict_both",
+                            "strict_both_lo", "strict_both_hi", "strict_both_boot_lo", "strict_both_boot_hi", "single_best",
+                            "single_worst", "single_both", "single_both_lo", "single_both_hi", "tasks", "invalid_trials",
+                            "missing_trials", "uncalibrated", "audit")
 
 
 class Breakdown(str, Enum):
@@ -121,50 +124,90 @@ def vab_leaderboard(
     by: Annotated[Breakdown, typer.Option("--by", help="one row per judge, or per judge and domain / set size / shown slot (position bias)")] = Breakdown.judge,
     fmt: Annotated[OutputFormat, typer.Option("--format")] = OutputFormat.table,
 ) -> None:
-    """Strict best, worst and best-and-worst accuracy (percent of tasks: right in all 3 trials),
-    95% bootstrap interval of strict both, single-trial accuracy; best first."""
+    """Strict best, worst and best-and-worst accuracy (percent of tasks: right in all 3 trials)
+    with its 95% Wilson interval, and one-trial accuracy in its own column (where people, who
+    answer once, are ranked); 3-trial judges first, best first."""
     cli = _cli()
     with cli._user_errors(log=False):
         from tasks.vab.metrics import random_baselines, strict_metrics
+        from tasks.vab.present import ranked, uncalibrated_notes
 
         from tasks.vab.audit import audit_path, read_audit
 
         tasks, trials = _load(cli, sets)
-        metrics = sorted(strict_metrics(tasks, trials).values(), key=lambda m: (-(m["strict_both"] or 0), m["judge"]))
+        metrics = ranked(strict_metrics(tasks, trials).values())
         table = fmt is OutputFormat.table
         # Each of our own judges links to its audit (`imagebench vab audit`): per category, with intervals.
         settings = cli._settings()
         audited = {r["judge"] for r in (read_audit(settings, sets) or {}).get("rows", [])}
         audit_of = {j: str(audit_path(settings, sets)) for j in audited}
         if by is Breakdown.judge:
-            columns = list(LEADERBOARD_JSON_COLUMNS)
-            rows = []
-            for m in metrics:
-                lo, hi = m["strict_both_ci"] or (None, None)
-                rows.append([m["judge"], m["judge_kind"], m["strict_best"], m["strict_worst"], m["strict_both"], lo, hi,
-                             m["single_best"], m["single_worst"], m["single_both"], m["tasks"],
-                             sum(m["invalid_trials"].values()), m["missing_trials"], audit_of.get(m["judge"])])
-            if table:
-                columns = ["judge", "kind", "strict both [95% CI]", "strict best", "strict worst", "single both", "tasks", "invalid",
-                           "missing", "audit"]
-                rows = [[r[0], r[1], f"{r[4]:.1f} [{r[5]:.1f}, {r[6]:.1f}]", f"{r[2]:.1f}",
-                         "" if r[3] is None else f"{r[3]:.1f}", f"{r[9]:.1f}", r[10], r[11], r[12],
-                         "yes" if r[13] else ""] for r in rows]
+            columns, rows = _by_judge(metrics, audit_of, table)
         elif by is Breakdown.position:
+            r1 = _r1 if table else (lambda v: v)  # JSON and CSV keep full precision
             columns = ["judge", "set_size", "slot", "picked_best", "rate", "uniform", "p_value"]
-            rows = [[m["judge"], n, k + 1, c, _r1(d["rates"][k]), _r1(d["uniform"]), d["p_value"]]
+            rows = [[m["judge"], n, k + 1, c, r1(d["rates"][k]), r1(d["uniform"]), d["p_value"]]
                     for m in metrics for n, d in m["position_bias"]["by_size"].items() for k, c in enumerate(d["counts"])]
         else:
-            key = "by_domain" if by is Breakdown.domain else "by_size"
-            columns = ["judge", by.value, "strict_best", "strict_worst", "strict_both", "single_both", "tasks"]
-            rows = [[m["judge"], g, _r1(s["strict_best"]), _r1(s["strict_worst"]), _r1(s["strict_both"]), _r1(s["single_both"]), s["tasks"]]
-                    for m in metrics for g, s in m[key].items()]
+            columns, rows = _by_group(metrics, by, table)
         render(columns, rows, fmt, title=f"VAB: set collection {sets} ({len(tasks)} tasks)")
+        for note in uncalibrated_notes(metrics):
+            cli.err.print(f"[bold yellow]{note}[/]", highlight=False, soft_wrap=True)
         if table:
             base = random_baselines(tasks)["overall"]
-            cli.err.print(f"random judge on this collection: strict both {base['strict_both']:.2f}%, strict best "
-                          f"{base['strict_best']:.2f}%, single both {base['single_both']:.1f}%. Published: best model "
-                          f"26.5%, experts 68.9% strict both.", highlight=False, soft_wrap=True)
+            cli.err.print(f"random judge on this collection: strict both (3 trials) {base['strict_both']:.2f}%, strict best "
+                          f"{base['strict_best']:.2f}%; one-trial both {base['single_both']:.1f}% (the column where people, who "
+                          f"answer once, are ranked). Published: best model 26.5%, experts 68.9% strict both.",
+                          highlight=False, soft_wrap=True)
+
+
+def _ci(v, ci) -> str:
+    if v is None:
+        return "–"
+    return f"{v:.1f}" + (f" [{ci[0]:.1f}, {ci[1]:.1f}]" if ci else "")
+
+
+def _by_judge(metrics: list[dict], audit_of: dict, table: bool) -> tuple[list[str], list[list]]:
+    """Leaderboard rows, one per judge. A one-trial judge (a person) has no 3-trial strict figures:
+    its accuracy is in the one-trial column, beside the machines' single-trial accuracy."""
+    from tasks.vab.present import judge_label, is_one_trial, strict_or_none
+
+    if table:
+        columns = ["judge", "kind", "trials", "strict both, 3 trials [95% Wilson]", "one-trial both [95% Wilson]", "strict best",
+                   "strict worst", "tasks", "invalid", "missing", "audit"]
+        rows = [[judge_label(m), m["judge_kind"], m["trials_per_task"],
+                 "–" if is_one_trial(m) else _ci(m["strict_both"], m["strict_both_ci"]), _ci(m["single_both"], m["single_both_ci"]),
+                 _ci(strict_or_none(m, "strict_best"), None), _ci(strict_or_none(m, "strict_worst"), None), m["tasks"],
+                 sum(m["invalid_trials"].values()), m["missing_trials"], "yes" if audit_of.get(m["judge"]) else ""] for m in metrics]
+        return columns, rows
+    columns = list(LEADERBOARD_JSON_COLUMNS)
+    rows = []
+    for m in metrics:
+        one = is_one_trial(m)
+        lo, hi = (None, None) if one else (m["strict_both_ci"] or (None, None))
+        blo, bhi = (None, None) if one else (m["strict_both_boot"] or (None, None))
+        slo, shi = m["single_both_ci"] or (None, None)
+        rows.append([m["judge"], m["judge_kind"], m["trials_per_task"], strict_or_none(m, "strict_best"),
+                     strict_or_none(m, "strict_worst"), strict_or_none(m, "strict_both"), lo, hi, blo, bhi,
+                     m["single_best"], m["single_worst"], m["single_both"], slo, shi, m["tasks"],
+                     sum(m["invalid_trials"].values()), m["missing_trials"], m["uncalibrated"], audit_of.get(m["judge"])])
+    return columns, rows
+
+
+def _by_group(metrics: list[dict], by: "Breakdown", table: bool) -> tuple[list[str], list[list]]:
+    from tasks.vab.present import judge_label, strict_or_none
+
+    r1 = _r1 if table else (lambda v: v)  # JSON and CSV keep full precision, like the main JSON
+    key = "by_domain" if by is Breakdown.domain else "by_size"
+    columns = ["judge", by.value, "trials_per_task", "strict_best", "strict_worst", "strict_both", "single_both", "tasks"]
+    rows = []
+    for m in metrics:
+        for g, s in m[key].items():
+            one = {"trials_per_task": m["trials_per_task"], **s}
+            rows.append([judge_label(m) if table else m["judge"], g, m["trials_per_task"], r1(strict_or_none(one, "strict_best")),
+                         r1(strict_or_none(one, "strict_worst")), r1(strict_or_none(one, "strict_both")), r1(s["single_both"]),
+                         s["tasks"]])
+    return columns, rows
 
 
 @vab_app.command("compare")
@@ -179,13 +222,23 @@ def vab_compare(
     cli = _cli()
     with cli._user_errors(log=False):
         from tasks.vab.metrics import compare_judges
+        from tasks.vab.present import format_p
 
         tasks, trials = _load(cli, sets)
         columns = ["metric", "judge_a", "judge_b", "a_pct", "b_pct", "only_a", "only_b", "both", "neither", "tasks", "p_value"]
+        table = fmt is OutputFormat.table
+        # The table rounds percentages and prints p with two significant digits (3.7e-09, never 0);
+        # JSON and CSV keep the full-precision floats.
+        r1, p_out = (_r1, format_p) if table else ((lambda v: v), (lambda p: p))
         rows = []
         for metric in ("strict_both", "strict_best", "strict_worst"):
             c = compare_judges(tasks, trials, judge_a, judge_b, metric)
             if c["tasks"]:
-                rows.append([metric, judge_a, judge_b, _r1(c["a_pct"]), _r1(c["b_pct"]), c["only_a"], c["only_b"],
-                             c["both"], c["neither"], c["tasks"], round(c["p_value"], 6)])
+                rows.append([metric, judge_a, judge_b, r1(c["a_pct"]), r1(c["b_pct"]), c["only_a"], c["only_b"],
+                             c["both"], c["neither"], c["tasks"], p_out(c["p_value"])])
         render(columns, rows, fmt, title=f"VAB: {judge_a} vs {judge_b} on {sets} (McNemar exact)")
+        once = {r["judge"] for r in trials.select(["judge", "judge_kind"]).to_pylist() if r["judge_kind"] == "human"}
+        if (judge_a in once) != (judge_b in once):  # docs/VAB.md, "One trial and three"
+            cli.err.print(f"[bold yellow]{judge_a if judge_a in once else judge_b} answered each task once: its 'strict' is one "
+                          f"trial, the other's three; compare people with machines on one-trial accuracy (vab leaderboard)[/]",
+                          highlight=False, soft_wrap=True)

@@ -51,10 +51,14 @@ def vab_run(
 
         summary = vab_run_flow(sets, list(judge), batch_size=batch_size, use_cache=not no_cache, prompt_version=prompt,
                                temperature=temperature)
+        from tasks.vab.present import UNCALIBRATED_NOTE
+
         for name, m in summary["judges"].items():
             bad = {k: v for k, v in m["invalid_trials"].items() if v}
             cli.err.print(f"[green]{name}[/]: {m['trials']} trials ({m['cache_hits']} from the cache)"
-                          + (f", [bold yellow]invalid {bad}: counted wrong[/]" if bad else ""), highlight=False, soft_wrap=True)
+                          + (f", [bold yellow]invalid {bad}: counted wrong[/]" if bad else "")
+                          + (f", [bold yellow]{UNCALIBRATED_NOTE}[/]" if m.get("uncalibrated") else ""),
+                          highlight=False, soft_wrap=True)
     from flows.cli_vab import vab_leaderboard
 
     vab_leaderboard(sets)
@@ -92,11 +96,15 @@ def vab_audit(
             raise cli.CliError(f"no answers of {missing} on {sets}: run the audit with --rerun")
         rows = audit(tasks, trials, names)
         path = write_audit(settings, sets, rows, notes)
+        from tasks.vab.present import UNCALIBRATED_NOTE
+
+        notes = notes + [f"judge {j}: {UNCALIBRATED_NOTE}" for j in dict.fromkeys(r["judge"] for r in rows if r["uncalibrated"])]
         for note in notes:
             cli.err.print(f"[bold yellow]{note}[/]", highlight=False, soft_wrap=True)
         if fmt is OutputFormat.table:
-            render(["judge", "category", "tasks", "strict both [95% CI]", "strict best [95% CI]", "single best"],
-                   [[r["judge"], r["category"], r["tasks"], _pct(r["strict_both"], r["strict_both_lo"], r["strict_both_hi"]),
+            render(["judge", "category", "tasks", "strict both [95% Wilson]", "strict best [95% Wilson]", "single best"],
+                   [[r["judge"] + (" UNCALIBRATED" if r["uncalibrated"] else ""), r["category"], r["tasks"],
+                     _pct(r["strict_both"], r["strict_both_lo"], r["strict_both_hi"]),
                      _pct(r["strict_best"], r["strict_best_lo"], r["strict_best_hi"]), _pct(r["single_best"])] for r in rows],
                    fmt, title=f"VAB audit: imagebench's judges vs the experts on {sets}")
             cli.err.print(f"audit written to {path}", highlight=False, soft_wrap=True)

@@ -50,7 +50,8 @@ def summary_markdown(sets: str, results: dict[str, dict]) -> str:
     f = lambda v: "–" if v is None else f"{v:.1f}%"  # noqa: E731
     for j, m in results.items():
         inv = ", ".join(f"{k} {v}" for k, v in m["invalid_trials"].items() if v) or "0"
-        lines.append(f"| {j} | {f(m['strict_both'])} | {f(m['strict_best'])} | {f(m['strict_worst'])} | {m['tasks']} | {inv} |")
+        name = j + (" **UNCALIBRATED** demo weights" if m.get("uncalibrated") else "")
+        lines.append(f"| {name} | {f(m['strict_both'])} | {f(m['strict_best'])} | {f(m['strict_worst'])} | {m['tasks']} | {inv} |")
     return "\n".join(lines) + "\n"
 
 

@@ -43,7 +43,11 @@ RUBRIC_COMMON_AVOID = RUBRIC_AVOID
 VAB_CSS = CSS + """
 .grid{display:flex;flex-wrap:wrap;gap:1rem;justify-content:center}.cand{background:#fff;padding:.5rem;border-radius:6px;text-align:center}
 .cand img{display:block;max-width:320px;max-height:320px;background:#888}.rubric{background:#fff;padding:.5rem 1rem;border-left:4px solid #3a7}
-.cand label{margin:0 .5rem}form#answer-form{display:block}#submit{font-size:1.2rem;padding:.5rem 2rem;margin:1rem auto;display:block}"""
+.cand label{margin:0 .5rem}form#answer-form{display:block}#submit{font-size:1.2rem;padding:.5rem 2rem;margin:1rem auto;display:block}
+button.zoom{all:unset;cursor:zoom-in;display:block}button.zoom:focus-visible{outline:3px solid #3a7;outline-offset:2px}
+#viewer{position:fixed;inset:0;z-index:10;background:#111;display:flex;flex-direction:column;align-items:center;justify-content:center;cursor:zoom-out}
+#viewer[hidden]{display:none}#viewer img{display:block;max-width:100vw;max-height:calc(100vh - 2.5rem);width:auto;height:auto}
+#viewer p{color:#ddd;margin:.4rem;font-size:.95rem}body.viewing{overflow:hidden}"""
 
 VAB_JS = """(function(){
 var form=document.getElementById('answer-form'); if(!form) return; var sent=false, msg=document.getElementById('check');
@@ -52,6 +56,29 @@ form.addEventListener('submit',function(e){
   var b=form.querySelector('input[name=best]:checked'), w=form.querySelector('input[name=worst]:checked');
   if(b&&w&&b.value===w.value){ e.preventDefault(); msg.textContent='The best and the worst must be different images.'; return; }
   sent=true; });
+})();
+(function(){
+// One image at full size (click it, or press its number), then back (Esc, Enter, click); arrows for the others.
+var viewer=document.getElementById('viewer'); if(!viewer) return;
+var big=document.getElementById('viewer-img'), cap=document.getElementById('viewer-caption');
+var zooms=Array.prototype.slice.call(document.querySelectorAll('button.zoom')), current=-1;
+function show(i){ current=i; big.src=zooms[i].querySelector('img').src; big.alt='image '+(i+1)+' full screen';
+  cap.textContent='Image '+(i+1)+' of '+zooms.length+'. Esc, Enter or click: back; arrow keys: the other images.';
+  viewer.hidden=false; document.body.classList.add('viewing'); viewer.focus(); }
+function hide(){ var was=current; current=-1; viewer.hidden=true; big.removeAttribute('src');
+  document.body.classList.remove('viewing'); if(zooms[was]) zooms[was].focus(); }
+zooms.forEach(function(z,i){ z.addEventListener('click',function(){ show(i); }); });
+viewer.addEventListener('click',hide);
+document.addEventListener('keydown',function(e){
+  if(e.altKey||e.ctrlKey||e.metaKey) return;
+  if(current>=0){
+    if(e.key==='Escape'||e.key==='Enter'||e.key===' '){ e.preventDefault(); hide(); }
+    else if(e.key==='ArrowRight'){ e.preventDefault(); show((current+1)%zooms.length); }
+    else if(e.key==='ArrowLeft'){ e.preventDefault(); show((current+zooms.length-1)%zooms.length); }
+    return; }
+  var t=e.target; if(t&&((t.tagName==='INPUT'&&t.type!=='radio')||t.tagName==='TEXTAREA')) return;  // typing a score
+  var k=parseInt(e.key,10); if(k>=1&&k<=zooms.length&&String(k)===e.key){ e.preventDefault(); show(k-1); }
+});
 })();"""
 
 
@@ -233,7 +260,9 @@ def create_vab_app(settings, study_id: str):
             else:
                 ctl = (f'<label>score <input type="number" name="s{slot}" id="score-{slot}" min="0" max="10" step="0.1" '
                        f'required inputmode="decimal"></label>')
-            cands.append(f'<div class="cand"><p>Image {slot}</p><img src="/img/{iid}" alt="image {slot}">{ctl}</div>')
+            cands.append(f'<div class="cand"><p>Image {slot}</p><button type="button" class="zoom" id="zoom-{slot}" '
+                         f'title="View full screen (or press {slot})" aria-label="view image {slot} full screen">'
+                         f'<img src="/img/{iid}" alt="image {slot}"></button>{ctl}</div>')
         if item.protocol == "rank":
             question = "Pick the best image" + (" and the worst image" if n >= 3 else "") + " of this set."
         else:
@@ -244,7 +273,10 @@ def create_vab_app(settings, study_id: str):
                 f'<form method="post" action="/answer" id="answer-form"><input type="hidden" name="position" value="{item.position}">'
                 f'<input type="hidden" name="protocol" value="{item.protocol}"><input type="hidden" name="images" value="{ids}">'
                 f'<div class="grid">{"".join(cands)}</div><p id="check"></p>'
-                f'<button type="submit" id="submit">Next</button></form><script src="/static/vab.js"></script>')
+                f'<button type="submit" id="submit">Next</button></form>'
+                f'<p class="hint" id="zoom-hint">Click an image, or press its number, to see it full screen; Esc to come back.</p>'
+                f'<div id="viewer" hidden role="dialog" aria-modal="true" aria-label="one image, full screen" tabindex="-1">'
+                f'<img id="viewer-img" alt=""><p id="viewer-caption"></p></div><script src="/static/vab.js"></script>')
         return _page("Visual aesthetic panel", body)
 
     @app.get("/img/{image_id}")

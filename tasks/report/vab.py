@@ -1,9 +1,12 @@
 """The static site's VAB pages: one page per set collection with judges' answers in the lake
-(``vab/<S>.html``): strict best-and-worst per judge with 95% intervals, drawn beside the published
-figures (best of 20 MLLMs + 6 reward models 26.5%, human experts 68.9%) and the random judge on
-this collection; the leaderboard, position bias, and the audit of imagebench's own judges (each
-judge links to its audit rows). Metrics come from tasks.vab.metrics, the audit from
-``$IMAGEBENCH_HOME/vab/audits/<S>.json`` (tasks.vab.audit)."""
+(``vab/<S>.html``), written by ``imagebench report`` and ``imagebench demo``. Two charts: strict
+best-and-worst over 3 trials per machine judge with 95% Wilson intervals, beside the published best
+model (26.5%) and the 3-trial random judge; one-trial best-and-worst (people answer once; machines
+the mean of their 3 trials) beside the published experts (68.9%) and the one-trial random judge.
+Then our leaderboard (strict, with the bootstrap interval beside Wilson), the official toolkit's
+metrics (p^3 and ap@1 per prompt type, tasks.vab.official_view.official_scores), position bias,
+and the audit of imagebench's own judges (each judge links to its audit rows; the audit from
+``$IMAGEBENCH_HOME/vab/audits/<S>.json``, tasks.vab.audit)."""
 
 from __future__ import annotations
 
@@ -36,74 +39,108 @@ def anchor(judge: str) -> str:
     return "audit-" + re.sub(r"[^A-Za-z0-9_-]", "-", judge)
 
 
-def bars_svg(bars: list[dict], uid: str) -> str:
-    """Horizontal bars (0-100) of strict best-and-worst: ours (with 95% whiskers), the published
-    figures and the random baseline in their own colours."""
-    label_w = min(280.0, max([len(b["label"]) for b in bars] + [6]) * 6.6 + 14)
-    bar_w, row_h = 420.0, 26
-    width, height = label_w + bar_w + 70, row_h * len(bars) + 40
-    x0 = label_w
-    out = [f'<svg xmlns="http://www.w3.org/2000/svg" class="chart bars" id="{esc(uid)}" viewBox="0 0 {width:.0f} {height:.0f}" '
-           f'width="{width:.0f}" height="{height:.0f}" role="img" aria-label="strict best-and-worst accuracy" {FONT} font-size="12">',
-           "<title>Strict best-and-worst accuracy, % of tasks (ours with 95% intervals, published figures, random judge)</title>",
+BAR_W, BAR_X0, BAR_RIGHT, ROW_H = 400.0, 8.0, 64.0, 44
+
+
+def bars_svg(bars: list[dict], uid: str, title: str) -> str:
+    """Horizontal bars (0-100), each row's label above its bar: ours (with 95% whiskers), the
+    published figures and the random baseline in their own colours. The value label sits right of
+    the bar *and* of its whisker, never across it. Drawn in a viewBox at width 100% (class
+    ``scales``): the chart shrinks with the page instead of being clipped."""
+    width, height = BAR_X0 + BAR_W + BAR_RIGHT, ROW_H * len(bars) + 30
+    x0 = BAR_X0
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" class="chart bars scales" id="{esc(uid)}" viewBox="0 0 {width:.0f} {height:.0f}" '
+           f'width="100%" preserveAspectRatio="xMinYMin meet" role="img" aria-label="{esc(title)}" {FONT} font-size="14">',
+           f"<title>{esc(title)}</title>",
            f'<rect x="0" y="0" width="{width:.0f}" height="{height:.0f}" fill="#ffffff"/>']
     for t in (0, 25, 50, 75, 100):
-        x = x0 + bar_w * t / 100
-        out.append(f'<line x1="{x:.1f}" y1="4" x2="{x:.1f}" y2="{height - 26:.1f}" stroke="#e3e3e3"/>')
-        out.append(f'<text x="{x:.1f}" y="{height - 10:.1f}" text-anchor="middle" fill="#555" font-size="11">{t}</text>')
+        x = x0 + BAR_W * t / 100
+        out.append(f'<line x1="{x:.1f}" y1="4" x2="{x:.1f}" y2="{height - 22:.1f}" stroke="#e3e3e3"/>')
+        out.append(f'<text x="{x:.1f}" y="{height - 8:.1f}" text-anchor="{"start" if t == 0 else "middle"}" fill="#555" '
+                   f'font-size="12">{t}</text>')
     for i, b in enumerate(bars):
-        y, v = 6 + row_h * i, b["value"]
+        y, v = 4 + ROW_H * i, b["value"]
         colour = {"ours": OURS, "published": PUBLISHED, "baseline": BASELINE}[b["source"]]
         out.append(f'<g class="bar {b["source"]}" data-label="{esc(b["label"])}" data-value="{"" if v is None else f"{v:.4f}"}">'
                    f'<title>{esc(b["label"])}: {_f(v)}%</title>')
-        out.append(f'<text x="{x0 - 8:.1f}" y="{y + 15:.1f}" text-anchor="end" fill="#222">{esc(b["label"])}</text>')
+        out.append(f'<text class="label" x="{x0:.1f}" y="{y + 14:.1f}" fill="#222">{esc(b["label"])}</text>')
         if v is not None:
-            out.append(f'<rect x="{x0:.1f}" y="{y + 4:.1f}" width="{bar_w * v / 100:.1f}" height="14" fill="{colour}"/>')
+            ym, end = y + 28, v
+            out.append(f'<rect x="{x0:.1f}" y="{ym - 7:.1f}" width="{BAR_W * v / 100:.1f}" height="14" fill="{colour}"/>')
             lo, hi = b.get("lo"), b.get("hi")
             if lo is not None and hi is not None:
-                xl, xh, ym = x0 + bar_w * lo / 100, x0 + bar_w * hi / 100, y + 11
-                out.append(f'<line x1="{xl:.1f}" y1="{ym:.1f}" x2="{xh:.1f}" y2="{ym:.1f}" stroke="#111" stroke-width="1.5"/>')
-            out.append(f'<text x="{x0 + bar_w * v / 100 + 6:.1f}" y="{y + 15:.1f}" fill="#222">{_f(v)}</text>')
+                xl, xh = x0 + BAR_W * lo / 100, x0 + BAR_W * hi / 100
+                out.append(f'<g class="whisker" stroke="#111" stroke-width="1.5"><line x1="{xl:.1f}" y1="{ym:.1f}" x2="{xh:.1f}" '
+                           f'y2="{ym:.1f}"/><line x1="{xl:.1f}" y1="{ym - 5:.1f}" x2="{xl:.1f}" y2="{ym + 5:.1f}"/>'
+                           f'<line x1="{xh:.1f}" y1="{ym - 5:.1f}" x2="{xh:.1f}" y2="{ym + 5:.1f}"/></g>')
+                end = max(v, hi)
+            out.append(f'<text class="value" x="{x0 + BAR_W * end / 100 + 5:.1f}" y="{ym + 5:.1f}" fill="#222">{_f(v)}</text>')
         out.append("</g>")
     out.append("</svg>")
     return "\n".join(out)
 
 
+def _pct100(x: float | None) -> float | None:
+    return None if x is None else 100.0 * x
+
+
+def official_rows(official: dict[str, dict[str, dict]], order: list[str]) -> list[dict]:
+    """Rows of the official-metrics table: per judge (in ``order``) and prompt type, p^3 and ap@1
+    (percent) of best, worst and both, and the tasks counted."""
+    rows = []
+    for judge in order:
+        for ptype, r in official.get(judge, {}).items():
+            rows.append({"judge": judge, "prompt_type": ptype, "tasks": r["tasks"], "trials": r["trials_per_task"],
+                         **{k: _f(_pct100(r[k])) for k in ("p3_best", "p3_worst", "p3_both", "ap1_best", "ap1_worst", "ap1_both")}})
+    return rows
+
+
 def page_context(sets: str, tasks: list, trials, audit: dict | None, n_resamples: int = 2000) -> dict:
     from tasks.vab.metrics import random_baselines, strict_metrics
+    from tasks.vab.official_view import official_scores
+    from tasks.vab.present import is_one_trial, ranked, uncalibrated_notes
 
-    metrics = sorted(strict_metrics(tasks, trials, n_resamples).values(), key=lambda m: (-(m["strict_both"] or 0), m["judge"]))
+    metrics = ranked(strict_metrics(tasks, trials, n_resamples).values())
     audited = {r["judge"] for r in (audit or {}).get("rows", [])}
-    rows, bars, notes = [], [], []
-    idents = {}
-    for r in trials.select(["judge", "judge_identity"]).to_pylist():
-        idents.setdefault(r["judge"], r["judge_identity"])
+    rows, three, one = [], [], []
     for m in metrics:
+        single = is_one_trial(m)
         lo, hi = m["strict_both_ci"] or (None, None)
-        ident = idents.get(m["judge"]) or ""
-        uncal = '"uncalibrated":true' in ident.replace(" ", "")
-        if uncal:
-            notes.append(f"judge {m['judge']}: UNCALIBRATED demo weights (a tiny random HPSv3-architecture model): its numbers show the pipeline, not HPSv3")
+        blo, bhi = m["strict_both_boot"] or (None, None)
+        slo, shi = m["single_both_ci"] or (None, None)
         pooled = m["position_bias"]["pooled"]
-        rows.append({"judge": m["judge"], "kind": m["judge_kind"] or "", "both": f"{_f(m['strict_both'])} [{_f(lo)}, {_f(hi)}]",
-                     "best": _f(m["strict_best"]), "worst": _f(m["strict_worst"]), "single": _f(m["single_both"]),
-                     "tasks": m["tasks"], "invalid": sum(m["invalid_trials"].values()), "uncalibrated": uncal,
+        rows.append({"judge": m["judge"], "kind": m["judge_kind"] or "", "trials": m["trials_per_task"],
+                     "both": "–" if single else f"{_f(m['strict_both'])} [{_f(lo)}, {_f(hi)}]",
+                     "both_boot": "–" if single else f"[{_f(blo)}, {_f(bhi)}]",
+                     "one_trial": f"{_f(m['single_both'])} [{_f(slo)}, {_f(shi)}]",
+                     "best": "–" if single else _f(m["strict_best"]), "worst": "–" if single else _f(m["strict_worst"]),
+                     "tasks": m["tasks"], "invalid": sum(m["invalid_trials"].values()), "uncalibrated": m["uncalibrated"],
                      "slot1": _f(pooled["rates"][0]) if pooled["rates"] else "–",
                      "slot1_uniform": _f(pooled["uniform"][0]) if pooled["uniform"] else "–",
                      "audit": f"#{anchor(m['judge'])}" if m["judge"] in audited else None})
-        bars.append({"label": m["judge"], "value": m["strict_both"], "lo": lo, "hi": hi, "source": "ours"})
-    base = random_baselines(tasks)["overall"]["strict_both"]
-    bars += [{"label": "published: best of 26 models", "value": PUBLISHED_BEST_MODEL_STRICT, "source": "published"},
-             {"label": "published: human experts", "value": PUBLISHED_EXPERT_STRICT, "source": "published"},
-             {"label": "random judge (this collection)", "value": base, "source": "baseline"}]
-    audit_rows = [{**r, "anchor": anchor(r["judge"]),
+        if not single:
+            three.append({"label": m["judge"], "value": m["strict_both"], "lo": lo, "hi": hi, "source": "ours"})
+        one.append({"label": m["judge"] + (" (1 trial)" if single else " (mean of 3 trials)"), "value": m["single_both"],
+                    "lo": slo, "hi": shi, "source": "ours"})
+    base = random_baselines(tasks)["overall"]
+    three += [{"label": "published: best of 26 models", "value": PUBLISHED_BEST_MODEL_STRICT, "source": "published"},
+              {"label": "random judge, 3 trials (this collection)", "value": base["strict_both"], "source": "baseline"}]
+    one += [{"label": "published: human experts", "value": PUBLISHED_EXPERT_STRICT, "source": "published"},
+            {"label": "random judge, 1 trial (this collection)", "value": base["single_both"], "source": "baseline"}]
+    audit_rows = [{**r, "anchor": anchor(r["judge"]), "uncalibrated": bool(r.get("uncalibrated")),
                    "both": f"{_f(r['strict_both'])} [{_f(r['strict_both_lo'])}, {_f(r['strict_both_hi'])}]",
                    "best": f"{_f(r['strict_best'])} [{_f(r['strict_best_lo'])}, {_f(r['strict_best_hi'])}]",
                    "single": _f(r["single_best"])} for r in (audit or {}).get("rows", [])]
-    return {"sets": sets, "n_tasks": len(tasks), "rows": rows, "bars": Markup(bars_svg(bars, f"vab-bars-{sets}")),
-            "audit_rows": audit_rows, "audit_notes": (audit or {}).get("notes", []),
-            "audited_at": (audit or {}).get("audited_at"), "notes": notes,
-            "published": (PUBLISHED_BEST_MODEL_STRICT, PUBLISHED_EXPERT_STRICT), "random": _f(base, 2)}
+    official = official_rows(official_scores(tasks, trials), [m["judge"] for m in metrics])
+    return {"sets": sets, "n_tasks": len(tasks), "rows": rows,
+            "bars": Markup(bars_svg(three, f"vab-bars-{sets}", "Strict best-and-worst accuracy over 3 trials, % of tasks "
+                                    "(ours with 95% Wilson intervals, published best model, random judge)")),
+            "bars_one": Markup(bars_svg(one, f"vab-bars-one-{sets}", "One-trial best-and-worst accuracy, % of tasks (people "
+                                        "answer once; machines: mean of their 3 trials), published experts, random judge")),
+            "official": official, "audit_rows": audit_rows, "audit_notes": (audit or {}).get("notes", []),
+            "audited_at": (audit or {}).get("audited_at"), "notes": uncalibrated_notes(metrics),
+            "published": (PUBLISHED_BEST_MODEL_STRICT, PUBLISHED_EXPERT_STRICT), "random": _f(base["strict_both"], 2),
+            "random_one": _f(base["single_both"], 1)}
 
 
 def build_vab_pages(settings, out_dir: Path, n_resamples: int = 2000) -> list[VabLink]:

@@ -6,7 +6,8 @@ through the same endpoints. ``vab audit`` runs them on an expert-labelled collec
 built from our suite's images) with the `vab-run` flow, then reports per *category* (a task's
 ``substyle`` when the collection sets one, e.g. the suite category of lake-built sets; else its
 domain) the agreement with the experts' labels: strict best, strict best-and-worst, single-trial
-best, each with a 95% bootstrap interval over tasks. The result is written to
+best, each with a 95% Wilson interval (honest at 0% and 100%) and the task bootstrap beside it;
+each row says whether the judge ran on uncalibrated (demo) weights. The result is written to
 ``$IMAGEBENCH_HOME/vab/audits/<S>.json``, which the report's VAB page links each judge to.
 Pure functions plus one JSON file; no torch, Prefect or GX.
 """
@@ -21,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from schemas.vab import VabTask
-from tasks.vab.metrics import bootstrap_interval, task_outcomes
+from tasks.vab.metrics import bootstrap_interval, identity_is_uncalibrated, rows_of, task_outcomes, wilson_interval
 from tasks.vab.tables import check_set_name
 
 AUDIT_DIR = "vab/audits"
@@ -52,16 +53,21 @@ def category_of(task: VabTask) -> str:
 
 
 def _share(values: Sequence[bool], n_resamples: int, seed: int) -> dict:
-    ci = bootstrap_interval(list(values), None, n_resamples, seed=seed) if values else None
-    return {"pct": 100.0 * sum(values) / len(values) if values else None, "lo": ci[0] if ci else None, "hi": ci[1] if ci else None}
+    ci = wilson_interval(sum(values), len(values))
+    boot = bootstrap_interval(list(values), None, n_resamples, seed=seed) if values else None
+    return {"pct": 100.0 * sum(values) / len(values) if values else None, "lo": ci[0] if ci else None,
+            "hi": ci[1] if ci else None, "boot_lo": boot[0] if boot else None, "boot_hi": boot[1] if boot else None}
 
 
 def audit(tasks: Sequence[VabTask], trials: Any, judges: Sequence[str], n_resamples: int = 2000, seed: int = 0) -> list[dict]:
     """One row per (judge, category), plus category ``all``: tasks, and agreement with the experts
-    (strict best, strict both, single-trial best) with 95% bootstrap intervals."""
+    (strict best, strict both, single-trial best) with 95% Wilson intervals (``*_lo``/``*_hi``)
+    and bootstrap ones (``*_boot_lo``/``*_boot_hi``), and ``uncalibrated``."""
     cats = {t.task_id: category_of(t) for t in tasks}
+    trials = rows_of(trials)
     rows = []
     for judge in judges:
+        uncal = any(identity_is_uncalibrated(r.get("judge_identity")) for r in trials if r["judge"] == judge)
         outs = task_outcomes(tasks, trials, judge)
         groups: dict[str, list] = defaultdict(list)
         for o in outs:
@@ -72,8 +78,10 @@ def audit(tasks: Sequence[VabTask], trials: Any, judges: Sequence[str], n_resamp
             single = [b for o in group for b in o.best_trials]
             rows.append({"judge": judge, "category": cat, "tasks": len(group),
                          "strict_best": sb["pct"], "strict_best_lo": sb["lo"], "strict_best_hi": sb["hi"],
+                         "strict_best_boot_lo": sb["boot_lo"], "strict_best_boot_hi": sb["boot_hi"],
                          "strict_both": both["pct"], "strict_both_lo": both["lo"], "strict_both_hi": both["hi"],
-                         "single_best": 100.0 * sum(single) / len(single) if single else None})
+                         "strict_both_boot_lo": both["boot_lo"], "strict_both_boot_hi": both["boot_hi"],
+                         "single_best": 100.0 * sum(single) / len(single) if single else None, "uncalibrated": uncal})
     return rows
 
 

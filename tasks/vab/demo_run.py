@@ -62,7 +62,8 @@ def run_demo_vab(settings: Any, console: Any) -> dict:
     suite_tasks = load_sets(settings, SUITE_SETS)
     write_audit(settings, SUITE_SETS, audit(suite_tasks, read_partition(Lake(settings.lake_dir), "vab_trials", SUITE_SETS),
                                             ["hpsv3"], n_resamples=500), notes)
-    line = ", ".join(f"{j} {m['strict_both']:.0f}%" for j, m in summary["judges"].items())
+    line = ", ".join(f"{j} {m['strict_both']:.0f}%" + (" (UNCALIBRATED demo weights)" if m.get("uncalibrated") else "")
+                     for j, m in summary["judges"].items())
     console.print(f"VAB demo run on {DEMO_SETS} ({summary['tasks']} sets of graded degradations), strict best-and-worst: "
                   f"{line}. `imagebench vab leaderboard --sets {DEMO_SETS}`, its page report/vab/{DEMO_SETS}.html",
                   highlight=False)

@@ -10,11 +10,16 @@ Scoring rules (docs/VAB.md, "Sets, trials and metrics"):
   (judge_kind ``human``: a panel expert sees each task once, in their own permutation) is
   scored on trial 0 alone (HUMAN_TRIALS);
 - ``strict_worst`` is over the tasks that have a worst label (3+ images); ``strict_best`` and
-  ``strict_both`` (the headline) over all tasks of the set collection.
+  ``strict_both`` (the headline) over all tasks of the set collection;
+- a one-trial judge (``trials_per_task`` 1) is never ranked in the 3-trial strict column: its
+  one-trial accuracy sits beside the models' single-trial accuracy, against the one-trial random
+  judge (docs/VAB.md, "One trial and three");
+- intervals: Wilson score (honest at 0% and 100%) as the reported one, the task bootstrap beside it.
 """
 
 from __future__ import annotations
 
+import json
 import math
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
@@ -69,7 +74,7 @@ class TaskOutcome:
         return all(self.both_trials)
 
 
-def _rows(trials: Any) -> list[dict]:
+def rows_of(trials: Any) -> list[dict]:
     """Rows of a VAB_TRIALS-shaped table: a pyarrow Table, anything with ``to_pylist`` or
     ``to_arrow``, or an iterable of dicts."""
     if hasattr(trials, "to_pylist"):
@@ -77,6 +82,9 @@ def _rows(trials: Any) -> list[dict]:
     if hasattr(trials, "to_arrow"):
         return trials.to_arrow().to_pylist()
     return [dict(r) for r in trials]
+
+
+_rows = rows_of
 
 
 def judges_of(trials: Any) -> list[str]:
@@ -178,6 +186,29 @@ def random_baselines(tasks: Sequence[VabTask]) -> dict:
         vals = [v for v in vals if v is not None]
         overall[key] = 100.0 * sum(vals) / len(vals) if vals else None
     return {"by_size": per_size, "overall": overall}
+
+
+def wilson_interval(successes: float, n: int, confidence: float = CONFIDENCE) -> tuple[float, float] | None:
+    """Wilson score interval (percent) of a proportion ``successes / n``: unlike the bootstrap it is
+    not [0, 0] at 0% nor [100, 100] at 100% (3 of 3 right gives [43.9, 100]). ``successes`` may be
+    fractional (a mean over trials, with ``n`` = tasks: conservative, the trials of a task are
+    correlated). None when ``n`` is 0."""
+    if not 0 < confidence < 1:
+        raise ValueError(f"need 0 < confidence < 1, got {confidence}")
+    if n <= 0:
+        return None
+    if not 0 <= successes <= n:
+        raise ValueError(f"successes must be within 0..{n}, got {successes}")
+    from statistics import NormalDist  # stdlib: the light read commands must stay free of scipy
+
+    z = NormalDist().inv_cdf(1 - (1 - confidence) / 2)
+    p = successes / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    # at the edges the bound is exactly 0 or 100 in reals: no float noise (2.8e-15) in its place
+    lo = 0.0 if successes == 0 else max(0.0, 100.0 * (centre - half))
+    hi = 100.0 if successes == n else min(100.0, 100.0 * (centre + half))
+    return lo, hi
 
 
 def bootstrap_interval(
@@ -282,24 +313,54 @@ def mcnemar(a: Sequence[bool], b: Sequence[bool]) -> dict:
             "neither": sum(1 for x, y in zip(a, b) if not x and not y), "p_value": p}
 
 
+def identity_is_uncalibrated(identity: str | None) -> bool:
+    """Whether a stored ``judge_identity`` (JSON) says ``"uncalibrated": true`` anywhere (HPSv3 on
+    the demo's random weights nests it in the scorer identity). Not JSON: not flagged."""
+    if not identity:
+        return False
+    try:
+        obj = json.loads(identity)
+    except ValueError:
+        return False
+    stack = [obj]
+    while stack:
+        x = stack.pop()
+        if isinstance(x, dict):
+            if x.get("uncalibrated") is True:
+                return True
+            stack.extend(x.values())
+        elif isinstance(x, list):
+            stack.extend(x)
+    return False
+
+
 def _invalid(trials_rows: Iterable[dict], judge: str) -> dict[str, int]:
     c = Counter(r["state"] for r in trials_rows if r["judge"] == judge and r["state"] != "ok")
     return {s: c.get(s, 0) for s in VAB_TRIAL_STATES if s != "ok"}
 
 
 def judge_metrics(tasks: Sequence[VabTask], trials: Any, judge: str, n_resamples: int = N_RESAMPLES, seed: int = 0) -> dict:
-    """Every metric of one judge over the collection: the summary, intervals (strict_best,
-    strict_worst, strict_both), by domain, by set size, invalid trials by state, missing trials,
-    and position bias of its best answers."""
+    """Every metric of one judge over the collection: the summary, intervals of strict_best,
+    strict_worst, strict_both and single_both (``*_ci`` Wilson, ``*_boot`` the task bootstrap), by
+    domain, by set size, invalid trials by state, missing trials, position bias of its best
+    answers, ``trials_per_task`` (3, or 1 for a human) and ``uncalibrated`` (demo weights)."""
     rows = _rows(trials)
     outs = task_outcomes(tasks, rows, judge)
     res = {"judge": judge, **summarize(outs)}
-    kinds = sorted({r["judge_kind"] for r in rows if r["judge"] == judge and r.get("judge_kind")})
+    mine = [r for r in rows if r["judge"] == judge]
+    kinds = sorted({r["judge_kind"] for r in mine if r.get("judge_kind")})
     res["judge_kind"] = ",".join(kinds) or None
+    res["trials_per_task"] = len(outs[0].best_trials) if outs else TRIALS
+    res["uncalibrated"] = any(identity_is_uncalibrated(r.get("judge_identity")) for r in mine)
     has_worst = [o.has_worst for o in outs]
-    res["strict_best_ci"] = bootstrap_interval([o.strict_best for o in outs], None, n_resamples, seed=seed)
-    res["strict_worst_ci"] = bootstrap_interval([bool(o.strict_worst) for o in outs], has_worst, n_resamples, seed=seed)
-    res["strict_both_ci"] = bootstrap_interval([o.strict_both for o in outs], None, n_resamples, seed=seed)
+    worst = [o for o in outs if o.has_worst]
+    res["strict_best_ci"] = wilson_interval(sum(o.strict_best for o in outs), len(outs))
+    res["strict_worst_ci"] = wilson_interval(sum(bool(o.strict_worst) for o in worst), len(worst))
+    res["strict_both_ci"] = wilson_interval(sum(o.strict_both for o in outs), len(outs))
+    res["single_both_ci"] = wilson_interval(sum(sum(o.both_trials) / len(o.both_trials) for o in outs), len(outs))
+    res["strict_best_boot"] = bootstrap_interval([o.strict_best for o in outs], None, n_resamples, seed=seed)
+    res["strict_worst_boot"] = bootstrap_interval([bool(o.strict_worst) for o in outs], has_worst, n_resamples, seed=seed)
+    res["strict_both_boot"] = bootstrap_interval([o.strict_both for o in outs], None, n_resamples, seed=seed)
     groups: dict[str, dict] = {"by_domain": defaultdict(list), "by_size": defaultdict(list)}
     for o in outs:
         groups["by_domain"][o.domain].append(o)

@@ -189,12 +189,23 @@ def test_import_scores_reference_and_eps(prefect_harness, workspace, tmp_path, m
     same = json.loads(invoke("compare", "base-2", "base-2", "--format", "json").output)[0]
     assert same["difference"] == 0 and same["p_a_beats_b"] == 0.5
 
+    # A VAB collection with a judge's answers: `report` writes its page too (not only `imagebench demo`).
+    from tests.vab.test_sets import GOOD, _csv, _manifest, _png
+
+    for i in range(1, 6):
+        _png(tmp_path / "vab" / f"img{i}.png", (40 * i, 200 - 30 * i, 9 * i))
+    assert invoke("vab", "import-sets", str(_manifest(tmp_path / "vab", GOOD)), "--name", "mine").exit_code == 0
+    right = ["p1,0,1 2 3,2,3", "p1,1,3 1 2,3,1", "p1,2,2 3 1,1,2", "a1,0,1 2,1,", "a1,1,2 1,2,", "a1,2,2 1,2,"]
+    r = invoke("vab", "import-answers", str(_csv(tmp_path / "right.csv", right)), "--sets", "mine", "--judge", "right")
+    assert r.exit_code == 0, r.output
+
     # The static site builds from the lake.
     out = tmp_path / "site"
     r = invoke("report", "--out", str(out))
     assert r.exit_code == 0, r.output
     html = (out / "index.html").read_text()
     assert "cand" in html and (out / "models").is_dir()
+    assert 'href="vab/mine.html"' in html and 'data-judge="right"' in (out / "vab" / "mine.html").read_text()
 
 
 def test_judges_check(workspace, tmp_path, monkeypatch):

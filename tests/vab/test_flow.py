@@ -203,7 +203,9 @@ def test_audit_per_category_with_intervals_and_the_report_page_links_it(ran) -> 
     assert cats[("right", "all")]["strict_both"] == 100.0 and cats[("right", "graded-jpeg")]["tasks"] == 2
     slot1 = cats[("slot1", "all")]
     assert slot1["single_best"] == pytest.approx(100 * 4 / 18) and slot1["strict_both"] == 0.0
-    assert (slot1["strict_both_lo"], slot1["strict_both_hi"]) == (0.0, 0.0)
+    # Wilson at 0 of 6 (honest at the edge: not [0, 0]); the bootstrap beside it is degenerate there
+    assert (slot1["strict_both_lo"], slot1["strict_both_hi"]) == (0.0, pytest.approx(39.0334, abs=1e-3))
+    assert (slot1["strict_both_boot_lo"], slot1["strict_both_boot_hi"]) == (0.0, 0.0)
 
     out = ran["root"] / "report"
     links = build_vab_pages(ran["settings"], out)
@@ -242,3 +244,35 @@ def test_the_trials_suite_refuses_a_pick_without_a_valid_answer(ran) -> None:
     rows[0] = {**rows[0], "state": "ok", "trial": 1}  # the same trial twice
     with pytest.raises(ValidationFailed, match="expect_compound_columns_to_be_unique"):
         require_valid("vab_trials", trials_table(rows))
+
+
+def test_uncalibrated_hpsv3_is_flagged_on_run_leaderboard_and_audit(ran, tmp_path, monkeypatch) -> None:
+    """HPSv3 on the tiny random demo weights through `vab run`, then `vab leaderboard` and `vab audit`:
+    every output says UNCALIBRATED (the table, the JSON, the notes), on its own collection."""
+    from tasks.hpsv3.tiny import write_tiny_base_model, write_tiny_checkpoint
+    from tasks.vab.sets import import_manifest
+
+    base, ckpt = tmp_path / "base", tmp_path / "HPSv3-tiny.safetensors"
+    write_tiny_base_model(base)
+    write_tiny_checkpoint(base, ckpt, seed=0)
+    monkeypatch.setenv("IMAGEBENCH_HPSV3_BASE_MODEL", str(base))
+    monkeypatch.setenv("IMAGEBENCH_HPSV3_CHECKPOINT", str(ckpt))
+    monkeypatch.setenv("IMAGEBENCH_DEVICE", "cpu")
+    import_manifest(ran["settings"], ran["root"] / "sets" / "manifest.jsonl", "demo-hps")
+    run = _cli("vab", "run", "--sets", "demo-hps", "--judge", "hpsv3", "--judge", "sharpness")
+    assert run.exit_code == 0, run.output
+    flat = " ".join(run.output.split())
+    assert "hpsv3: 18 trials" in flat and "UNCALIBRATED demo weights" in flat.split("hpsv3: 18 trials", 1)[1].split("sharpness")[0]
+    assert "hpsv3 UNCALIBRATED" in run.output and "sharpness UNCALIBRATED" not in run.output  # the leaderboard it prints
+    board = _cli("vab", "leaderboard", "--sets", "demo-hps")
+    assert "hpsv3 UNCALIBRATED" in board.output and "judge hpsv3: UNCALIBRATED demo weights" in " ".join(board.output.split())
+    js = {r["judge"]: r for r in json.loads(_cli("vab", "leaderboard", "--sets", "demo-hps", "--format", "json").stdout)}
+    assert js["hpsv3"]["uncalibrated"] is True and js["sharpness"]["uncalibrated"] is False
+    audit = _cli("vab", "audit", "--sets", "demo-hps", "--judge", "hpsv3", "--no-rerun")
+    assert audit.exit_code == 0, audit.output
+    assert "hpsv3 UNCALIBRATED" in audit.output and "judge hpsv3: UNCALIBRATED demo weights" in " ".join(audit.output.split())
+    rows = json.loads(_cli("vab", "audit", "--sets", "demo-hps", "--judge", "hpsv3", "--no-rerun", "--format", "json").stdout)
+    assert rows and all(r["uncalibrated"] is True for r in rows)
+    from flows.vab import summary_markdown  # the run's Prefect artifact says it too
+
+    assert "| hpsv3 **UNCALIBRATED** demo weights |" in summary_markdown("demo-hps", {"hpsv3": dict(ran["summary"]["judges"]["sharpness"], uncalibrated=True)})

@@ -10,11 +10,13 @@ from schemas.vab import VabTask
 from tasks.vab.metrics import (
     bootstrap_interval,
     compare_judges,
+    identity_is_uncalibrated,
     mcnemar,
     position_bias,
     random_baselines,
     strict_metrics,
     task_outcomes,
+    wilson_interval,
 )
 from tasks.vab.trials import check_order, map_back, map_forward, permutation, trial_orders
 
@@ -92,7 +94,10 @@ def test_strict_and_single_trial_metrics_by_hand():
     assert sorted(m) == ["mostly", "right", "slot1"]
     r = m["right"]
     assert (r["strict_best"], r["strict_worst"], r["strict_both"], r["single_both"], r["tasks"]) == (100.0, 100.0, 100.0, 100.0, 4)
-    assert r["strict_both_ci"] == (100.0, 100.0)
+    # Wilson at 4 of 4 (hand: centre (1 + z²/8)/(1 + z²/4) = .75506, half-width .24494): not [100, 100]
+    assert r["strict_both_ci"] == pytest.approx((51.0109, 100.0), abs=1e-3)
+    assert r["strict_both_boot"] == (100.0, 100.0)  # the bootstrap beside it, degenerate at the edge
+    assert r["trials_per_task"] == 3 and r["uncalibrated"] is False
     s = m["slot1"]
     assert (s["strict_best"], s["strict_worst"], s["strict_both"]) == (0.0, 0.0, 0.0)
     assert s["single_best"] == pytest.approx(100 * 7 / 12)
@@ -173,5 +178,33 @@ def test_human_judges_are_scored_on_their_one_trial():
     assert (m["strict_best"], m["strict_worst"], m["strict_both"]) == (75.0, pytest.approx(100 / 3), 50.0)
     assert m["single_both"] == 50.0 and m["missing_trials"] == 1
     # the same rows from a machine judge: trials 1 and 2 are missing, nothing is strict
+    assert m["trials_per_task"] == 1
+    # its one-trial interval is Wilson over the 4 tasks at 2 of 4 right
+    assert m["single_both_ci"] == pytest.approx(wilson_interval(2, 4))
     machine = strict_metrics(TASKS, [dict(r, judge_kind="vlm") for r in rows], n_resamples=50)["expert-1"]
-    assert machine["strict_best"] == 0.0 and machine["missing_trials"] == 12 - 3
+    assert machine["strict_best"] == 0.0 and machine["missing_trials"] == 12 - 3 and machine["trials_per_task"] == 3
+
+
+def test_wilson_interval_is_honest_at_the_edges():
+    """Textbook values (Wilson 1927; e.g. Newcombe 1998, table I): 0/10 -> [0, 27.75], 10/10 ->
+    [72.25, 100], 5/10 -> [23.66, 76.34]; by hand 3/3 -> [43.850, 100]."""
+    assert wilson_interval(0, 10) == pytest.approx((0.0, 27.753), abs=1e-3)
+    assert wilson_interval(10, 10) == pytest.approx((72.247, 100.0), abs=1e-3)
+    assert wilson_interval(5, 10) == pytest.approx((23.659, 76.341), abs=1e-3)
+    assert wilson_interval(3, 3)[0] == pytest.approx(43.850, abs=1e-3)
+    assert wilson_interval(0, 0) is None
+    with pytest.raises(ValueError, match="successes must be within 0..3"):
+        wilson_interval(4, 3)
+    # a fractional count (one-trial accuracy as a mean over trials) sits between its neighbours
+    lo, hi = wilson_interval(2.5, 10)
+    assert wilson_interval(2, 10)[0] < lo < wilson_interval(3, 10)[0] and wilson_interval(2, 10)[1] < hi < wilson_interval(3, 10)[1]
+
+
+def test_uncalibrated_flag_is_read_from_the_stored_identity():
+    hps = '{"identity":{"base_model":"tiny","uncalibrated":true},"judge":"hpsv3","kind":"scalar","scorer":"hpsv3"}'
+    assert identity_is_uncalibrated(hps)
+    assert not identity_is_uncalibrated(hps.replace("true", "false"))
+    assert not identity_is_uncalibrated('{"note": "uncalibrated: true"}')  # words are not the flag
+    assert not identity_is_uncalibrated("not json") and not identity_is_uncalibrated(None)
+    rows = [dict(_right(t, k), judge_identity=hps) for t in ORDERS for k in range(3)]
+    assert strict_metrics(TASKS, rows, n_resamples=20)["right"]["uncalibrated"] is True

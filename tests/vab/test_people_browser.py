@@ -196,3 +196,76 @@ def test_two_experts_rank_then_score_resume_export_and_analysis(browser, vab_stu
     # e2: photo top score 1 vs best 2 (no); art tied 5/5 (a tie is no choice: no); illu 4 vs 4 (yes)
     e2 = next(x for x in report["scores_vs_ranking"]["experts"] if x["expert"] == ids["e2"])
     assert e2["top1_consistency"] == pytest.approx(100 / 3, abs=1e-3)
+
+
+def test_an_expert_views_one_image_full_screen_and_comes_back(browser, vab_study):
+    """Thumbnails are at most 320 px; a click (or the image's number key) shows that image at its
+    full size, as large as the screen allows, arrow keys step through the set, Esc/click return to
+    the page with the choices made so far intact; typing a score never opens the viewer."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.common.keys import Keys
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    from tasks.panel.vab_protocols import open_vab_study
+
+    settings, _ = vab_study
+    seeds = {(t.task_id, i): 50 + k * 7 + i for k, t in enumerate(TASKS) for i in range(len(t.images))}
+    opened = open_vab_study(settings, "vab-panel-view", "demo-sets", TASKS[2:], ["v1"], protocols=("rank", "score"),
+                            read_image=lambda t, i: _png(seeds[(t.task_id, i)]), seed=7)
+    server, thread, sock, base = _serve(settings, opened.study_id)
+    drv = browser
+    state = ("return (() => { const v = document.getElementById('viewer'), i = document.getElementById('viewer-img');"
+             " const r = i.getBoundingClientRect(); return {open: !v.hidden && getComputedStyle(v).display !== 'none',"
+             " src: i.getAttribute('src'), w: r.width, h: r.height, left: r.left, top: r.top, right: r.right, bottom: r.bottom,"
+             " vw: innerWidth, vh: innerHeight, nw: i.naturalWidth}; })()")
+
+    def viewer(want_open: bool) -> dict:
+        def ready(d) -> bool:
+            st = d.execute_script(state)
+            return st["open"] == want_open and (not want_open or st["nw"] > 0)
+
+        WebDriverWait(drv, 10, poll_frequency=0.05).until(ready)
+        return drv.execute_script(state)
+
+    try:
+        drv.delete_all_cookies()
+        drv.get(f"{base}/j/{opened.tokens['v1']}")
+        thumbs = drv.find_elements(By.CSS_SELECTOR, ".cand img")
+        assert len(thumbs) == 4 and all(t.size["width"] <= 320 for t in thumbs)
+        srcs = [t.get_attribute("src").rsplit("/", 1)[1] for t in thumbs]
+        drv.find_element(By.ID, "best-2").click()
+        drv.find_element(By.ID, "zoom-3").click()  # click: image 3 full screen
+        v = viewer(True)
+        assert v["src"].endswith(srcs[2]) and v["nw"] == 1024
+        # as large as it is (1024 px), inside the screen, far beyond the 320 px thumbnail
+        assert v["w"] == pytest.approx(min(1024, v["vw"]), abs=1) and 0 <= v["left"] and v["right"] <= v["vw"] + 0.5
+        assert 0 <= v["top"] and v["bottom"] <= v["vh"] + 0.5
+        body = drv.find_element(By.TAG_NAME, "body")
+        body.send_keys(Keys.ARROW_RIGHT)
+        assert viewer(True)["src"].endswith(srcs[3])
+        body.send_keys(Keys.ARROW_RIGHT)
+        assert viewer(True)["src"].endswith(srcs[0])  # wraps round
+        body.send_keys(Keys.ESCAPE)
+        viewer(False)
+        assert drv.find_element(By.ID, "best-2").is_selected()  # back on the page as it was
+        assert drv.switch_to.active_element.get_attribute("id") == "zoom-1"  # focus returns to the image shown last
+        body.send_keys("4")  # its number key
+        assert viewer(True)["src"].endswith(srcs[3])
+        drv.find_element(By.ID, "viewer").click()  # a click anywhere goes back
+        viewer(False)
+        drv.find_element(By.ID, "worst-1").click()
+        drv.find_element(By.ID, "submit").click()
+        # read in one script: the old page may be replaced between a find and a read
+        WebDriverWait(drv, 15, poll_frequency=0.05).until(lambda d: d.execute_script(
+            "const p = document.getElementById('progress'); return p && p.dataset.protocol;") == "score")
+        box = drv.find_element(By.ID, "score-1")
+        box.send_keys("2")  # typing a score is not a request to view image 2
+        assert not drv.execute_script(state)["open"] and box.get_attribute("value") == "2"
+        drv.find_element(By.ID, "zoom-2").send_keys(Keys.ENTER)  # keyboard on the focused image opens it too
+        assert viewer(True)["src"].endswith(drv.find_elements(By.CSS_SELECTOR, ".cand img")[1].get_attribute("src").rsplit("/", 1)[1])
+        drv.find_element(By.TAG_NAME, "body").send_keys(Keys.ENTER)  # a new page: a new body
+        viewer(False)
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+        sock.close()
