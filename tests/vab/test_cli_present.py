@@ -42,14 +42,18 @@ def collection(tmp_path, monkeypatch):
 
 
 def _answers(tmp_path, judge, tasks, right) -> None:
-    """3 trials per task in the stored order; ``right(task_id)`` says whether the judge is right."""
+    """3 trials per task, each in another order (rotations of the stored one: 3+ images must show 3
+    different orders); ``right(task_id)`` says whether the judge is right."""
     rows = []
     for t in tasks:
         n = len(t["images"])
         ok = right(t["task_id"])
-        best, worst = (1, n if n > 2 else "") if ok else (2, 1 if n > 2 else "")
-        order = " ".join(str(k) for k in range(1, n + 1))
-        rows += [f"{t['task_id']},{k},{order},{best},{worst}" for k in range(3)]
+        best, worst = (1, n if n > 2 else None) if ok else (2, 1 if n > 2 else None)  # stored positions
+        for k in range(3):
+            order = [(i + k) % n + 1 for i in range(n)]
+            shown_best = order.index(best) + 1
+            shown_worst = "" if worst is None else order.index(worst) + 1
+            rows.append(f"{t['task_id']},{k},{' '.join(map(str, order))},{shown_best},{shown_worst}")
     r = _invoke("vab", "import-answers", str(_csv(tmp_path / f"{judge}.csv", rows)), "--sets", "many", "--judge", judge)
     assert r.exit_code == 0, r.output
 
