@@ -134,8 +134,8 @@ def test_mu_is_bit_identical_for_0_1_and_2_workers(scorer, pooled, pooled_parent
     in_thread = scorer.score(mixed_images, prompts, batch_size=4)  # CPU default: 0 workers
     assert scorer.workers == 0 and scorer._pool is None
     one = pooled_parent_tokenises.score(mixed_images, prompts, batch_size=4)
+    two = pooled.score(mixed_images, prompts, batch_size=4)  # starts the pool if no earlier test did
     pids = pooled._pool.worker_pids()
-    two = pooled.score(mixed_images, prompts, batch_size=4)
     assert np.array_equal(one, in_thread) and np.array_equal(two, in_thread)
     # Reused, not re-spawned, by a later call (a nightly scores many models with one scorer).
     again = pooled.score(mixed_images[:5], prompts[:5], batch_size=2)
