@@ -71,3 +71,41 @@ def test_a_person_has_ap1_only():
 def test_unknown_task_is_named():
     with pytest.raises(ValueError, match="task 'T9' is not in the set collection"):
         official_scores(TASKS, [dict(_right("T1", 0), task_id="T9")])
+
+
+def test_the_page_and_vab_summarize_agree_on_random_judges():
+    """The report page (official_view) and `vab summarize` (tasks.vab.official, checked against
+    summarize.py's own output) compute the same p^3 and ap@1 on the official prompt types."""
+    import random
+
+    from tasks.vab.official import judge_scores, official_trials
+
+    rng = random.Random(17)
+    for _ in range(60):
+        rows = []
+        for t in TASKS:
+            n = len(t.images)
+            for ptype in ("pick_best", "pick_worst", "pick_best_and_worst"):
+                if ptype == "pick_worst" and t.worst is None:
+                    continue
+                for k in range(3):
+                    state = rng.choice(["ok", "ok", "ok", "unparsable", "error"])
+                    best = rng.randint(1, n) if state == "ok" and ptype != "pick_worst" else None
+                    worst = rng.choice([i for i in range(1, n + 1) if i != best]) if state == "ok" and ptype != "pick_best" else None
+                    if n == 2 and ptype == "pick_best_and_worst" and best is not None:
+                        worst = 3 - best  # 2 images: derived from best, as results_import stores it
+                    rows.append(dict(_row("j", t.task_id, k, None, None, state), best=best, worst=worst, prompt_type=ptype))
+        page = official_scores(TASKS, rows).get("j", {})
+        summary = judge_scores(official_trials(TASKS, rows))
+        if "pick_best" in page:
+            assert page["pick_best"]["p3_best"] == pytest.approx(summary["pick_best"]["accuracy"])
+            assert page["pick_best"]["ap1_best"] == pytest.approx(summary["avg_pass_at_1"]["pick_best"])
+        if "pick_worst" in page:
+            assert page["pick_worst"]["p3_worst"] == pytest.approx(summary["pick_worst"]["accuracy"])
+            assert page["pick_worst"]["ap1_worst"] == pytest.approx(summary["avg_pass_at_1"]["pick_worst"])
+        if "pick_best_and_worst" in page:
+            both = summary["pick_best_and_worst"]
+            got = page["pick_best_and_worst"]
+            assert (got["p3_best"], got["p3_worst"], got["p3_both"]) == pytest.approx(
+                (both["accuracy_best"], both["accuracy_worst"], both["accuracy_both"]))
+            assert got["ap1_both"] == pytest.approx(summary["avg_pass_at_1"]["pick_best_and_worst_both"])
