@@ -220,7 +220,9 @@ def create_vab_app(settings, study_id: str):
         return None if got is None or got[0] != role else (got[1] or "")
 
     def _cookie(resp, secret: str):
-        resp.set_cookie(COOKIE, secret, httponly=True, samesite="strict", path="/")
+        # Lax, not Strict: experts open their link from webmail, and Strict drops the cookie on the
+        # redirect of a navigation that started on another site (docs/BEAUTY.md, "Sessions").
+        resp.set_cookie(COOKIE, secret, httponly=True, samesite="lax", path="/")
         return resp
 
     @app.get("/static/panel.css")

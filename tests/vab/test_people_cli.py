@@ -52,7 +52,9 @@ def test_open_answer_refusals_export_analyze_close(home, tmp_path):
     client = TestClient(create_vab_app(settings, "st1"))
     for label in ("x01", "x02"):
         client.cookies.clear()
-        page = client.get("/j/" + links[label].rsplit("/", 1)[1]).text
+        landing = client.get("/j/" + links[label].rsplit("/", 1)[1], follow_redirects=False)
+        assert "samesite=lax" in landing.headers["set-cookie"].lower()  # a link clicked in webmail gets in
+        page = client.get(landing.headers["location"]).text
         for k in range(4):
             f = _form(page)
             assert int(f["position"]) == k and "p1" not in page and "a1" not in page
