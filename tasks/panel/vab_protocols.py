@@ -69,8 +69,13 @@ def study_dir(settings, study_id: str) -> Path:
     return Path(settings.home) / "vab_studies" / study_id
 
 
-def open_store(settings, study_id: str) -> VabPanelStore:
-    return VabPanelStore.open(study_dir(settings, study_id), study_id, database=getattr(settings, "panel_database", None))
+def open_store(settings, study_id: str, *, create: bool = False, missing_ok: bool = False) -> VabPanelStore | None:
+    """The study's panel store, checked against the database it was opened in (tasks/panel/db.py).
+    ``missing_ok``: None when there is none (nothing created); ``create`` only for ``open``."""
+    d, db = study_dir(settings, study_id), getattr(settings, "panel_database", None)
+    if missing_ok:
+        return VabPanelStore.find(d, study_id, db, create=create)
+    return VabPanelStore.open(d, study_id, database=db, create=create)
 
 
 def _rng(seed: int, *parts: str) -> random.Random:
@@ -115,10 +120,16 @@ def open_vab_study(settings, study_id: str, sets: str, tasks: Sequence[VabTask],
     dup = sorted({i for i in ids if ids.count(i) > 1})
     if dup:
         raise PanelError(f"VAB study {study_id}: task id used twice: {dup[0]}")
-    store = open_store(settings, study_id)
+    found = open_store(settings, study_id, missing_ok=True)  # another database than the study's: refused here
+    if found is not None:
+        try:
+            if found.exists():
+                raise PanelError(f"VAB study {study_id} is already open")
+        finally:
+            found.dispose()
+    store = open_store(settings, study_id, create=True)
     try:
-        if store.exists():
-            raise PanelError(f"VAB study {study_id} is already open")
+        store.record_in(d)  # the study's database, recorded before anything of it is written
         (d / "images").mkdir(parents=True, exist_ok=True)
         image_rows = []
         for t in tasks:
