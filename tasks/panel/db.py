@@ -231,6 +231,13 @@ def _probe(u: URL, busy_timeout_s: float, marker: str) -> tuple[Engine | None, b
     return engine, marker in names, sid
 
 
+def _mismatch(what: str, record: PanelStoreRecord, u: URL, there: str) -> StoreMismatch:
+    return StoreMismatch(
+        f"{what} lives in panel database {record.url} (store id {record.store_id}), but this command would use "
+        f"{public_url(u)} ({there}): set IMAGEBENCH_PANEL_DATABASE (setting panel_database) to the study's "
+        "database, or unset it for the study's own panel.sqlite")
+
+
 def attach(study_dir: Path, url: str, tables: MetaData, what: str, *, create: bool,
            busy_timeout_s: float = 10.0) -> Attached | None:
     """The engine of the database a study lives in, checked against the study's record.
@@ -242,15 +249,16 @@ def attach(study_dir: Path, url: str, tables: MetaData, what: str, *, create: bo
     u = parse_panel_url(url)
     record = read_record(study_dir)
     marker = next(iter(tables.tables))  # the protocol's first table: its studies
-    engine, present, sid = _probe(u, busy_timeout_s, marker)
+    try:
+        engine, present, sid = _probe(u, busy_timeout_s, marker)
+    except PanelDatabaseUnreachable as exc:
+        if record is None:
+            raise
+        raise _mismatch(what, record, u, str(exc).partition(" cannot be used: ")[2] or str(exc)) from None
     if record is not None and sid != record.store_id:
         if engine is not None:
             engine.dispose()
-        there = f"store id {sid}" if sid else "no panel store there"
-        raise StoreMismatch(
-            f"{what} lives in panel database {record.url} (store id {record.store_id}), but this command would use "
-            f"{public_url(u)} ({there}): set IMAGEBENCH_PANEL_DATABASE (setting panel_database) to the study's "
-            "database, or unset it for the study's own panel.sqlite")
+        raise _mismatch(what, record, u, f"store id {sid}" if sid else "no panel store there")
     if not create and not present:
         if engine is not None:
             engine.dispose()

@@ -60,7 +60,9 @@ def test_a_missing_setting_cannot_open_a_second_panel_of_a_postgres_study(home, 
     theirs = pg_server.url(db)  # as the record names it: no password
     ours = f"sqlite:///{d.resolve() / 'panel.sqlite'}"
     typo = pg_server.new_database("typo")
-    for database, named in [(None, ours), (pg_server.url(typo, password=PASSWORD), pg_server.url(typo))]:
+    missing = pg_server.url("no_such_database", password=PASSWORD)  # a typo naming no database at all
+    for database, named in [(None, ours), (pg_server.url(typo, password=PASSWORD), pg_server.url(typo)),
+                            (missing, pg_server.url("no_such_database"))]:
         for cmd in (["study", "status", STUDY], ["study", "open", STUDY, "--url", "http://panel.example"],
                     ["study", "close", STUDY]):
             r = _cli(home, *cmd, database=database)
