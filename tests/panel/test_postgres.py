@@ -235,3 +235,28 @@ def test_twenty_judges_answer_a_whole_study_at_once(home, store_url):
             assert mine == list(enumerate(queue))
     finally:
         store.dispose()
+
+
+def test_a_busy_database_answers_503_not_500(home):
+    """A database locked past its busy timeout (here: another writer holding SQLite's write lock)
+    during the session lookup that starts every request: 503 "nothing was saved, try again", not
+    a 500 (seen under 100 judges at once in bench (j)); the judge's retry then records the answer."""
+    import sqlite3
+
+    settings, opened = _open(home, None, "busy", 1)
+    with serve(settings, "busy") as s, httpx.Client(base_url=s.url, follow_redirects=False, timeout=60) as c:
+        _login(c, opened.judge_tokens["j000"])
+        pos, img = _current(c)
+        blocker = sqlite3.connect(opened.study_dir / "panel.sqlite", timeout=1)
+        blocker.isolation_level = None
+        blocker.execute("BEGIN IMMEDIATE")
+        try:
+            r = c.post("/answer", data={"position": pos, "image_id": img, "answer": "yes"})
+        finally:
+            blocker.execute("ROLLBACK")
+            blocker.close()
+        assert r.status_code == 503 and "try again" in r.text
+        assert c.post("/answer", data={"position": pos, "image_id": img, "answer": "yes"}).status_code == 303
+    store = PanelStore.open(opened.study_dir)
+    assert store.answer_count() == 1
+    store.dispose()
