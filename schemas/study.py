@@ -4,8 +4,9 @@
 Where things live (docs/BEAUTY.md): a study's working state is under
 ``$IMAGEBENCH_HOME/studies/<study_id>/``: ``study.yaml`` (a copy of the definition as opened),
 ``preregistration.json`` (create-once, pinned in that folder's ``SHA256SUMS``), ``images/``
-(blinded copies under opaque ids) and ``panel.sqlite`` (the panel store: judges, queues, answers,
-memos' metadata). Memos go to the object store beside the study: ``studies/<study_id>/memos/``.
+(blinded copies under opaque ids), ``panel-store.json`` (which panel database the study lives in:
+``PanelStoreRecord``) and ``panel.sqlite`` (the panel store: judges, queues, answers, memos'
+metadata; or PostgreSQL). Memos go to the object store beside the study: ``studies/<study_id>/memos/``.
 """
 
 from __future__ import annotations

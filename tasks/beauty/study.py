@@ -3,7 +3,9 @@ pre-register, draw orders, issue tokens), ``status``, ``close``. The web app is 
 
 State lives under ``$IMAGEBENCH_HOME/studies/<study_id>/`` (schemas/study.py): ``study.yaml``,
 ``preregistration.json`` (create-once, read-only, pinned in that folder's ``SHA256SUMS``),
-``images/<opaque id>.jpg`` (the blinded copies) and ``panel.sqlite`` (tasks/panel/store.py).
+``images/<opaque id>.jpg`` (the blinded copies), ``panel-store.json`` (which panel database the
+study lives in, written once at open: tasks/panel/db.py) and ``panel.sqlite`` (tasks/panel/store.py,
+unless the study lives in PostgreSQL).
 """
 
 from __future__ import annotations
@@ -335,6 +337,10 @@ def study_status(settings, study_id: str) -> dict:
     store = open_panel_store(settings, study_id, missing_ok=True)  # read-only: creates no database
     try:
         row = store.study_row() if store is not None else None
+        if row is None and prereg is not None and (d / IMAGES_DIR).exists() and not (d / PANEL_STORE_RECORD_FILE).exists():
+            # Opened by an imagebench that kept no record of its database: not "defined", elsewhere.
+            raise StudyError(f"study {study_id} was opened (pre-registration, blinded images) but this panel database does "
+                             "not hold it: set IMAGEBENCH_PANEL_DATABASE to the database it was opened in")
         if row is None:
             return {"study_id": study_id, "state": "defined", "tools": definition.tools, "judges": [],
                     "answers": 0, "images": 0, "preregistration_sha256": None, "study_dir": str(d)}

@@ -147,6 +147,8 @@ def test_open_never_overwrites_a_study_opened_elsewhere_without_a_record(home):
     before = _fingerprint(d)
     r = _cli(home, "study", "open", STUDY)
     assert r.exit_code == 1 and "no record of the panel database" in r.output and "/j/" not in r.stdout, r.output
+    r = _cli(home, "study", "status", STUDY)  # not shown as an empty "defined" study
+    assert r.exit_code == 1 and "was opened" in r.output and "does not hold it" in r.output, r.output
     assert _fingerprint(d) == before and not (d / "panel.sqlite").exists()
 
 
