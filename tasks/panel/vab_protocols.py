@@ -193,6 +193,11 @@ def create_vab_app(settings, study_id: str):
     app = FastAPI(docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan)
     app.state.store = store
 
+    @app.exception_handler(PanelError)
+    async def _refused(_request: Request, exc: PanelError):
+        # A store refusal outside a handler's own try (a busy database at the session lookup): its status, not a 500.
+        return _message("Not recorded", str(exc), exc.status)
+
     @app.middleware("http")
     async def _headers_and_log(request: Request, call_next):
         t0 = time.monotonic()

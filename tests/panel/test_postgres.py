@@ -260,3 +260,48 @@ def test_a_busy_database_answers_503_not_500(home):
     store = PanelStore.open(opened.study_dir)
     assert store.answer_count() == 1
     store.dispose()
+
+
+def test_a_busy_database_answers_503_not_500_in_the_vab_panel(home):
+    """The VAB expert panel, same rule: its session lookup on a locked database is a 503."""
+    import io
+    import socket
+    import sqlite3
+    import time
+
+    from PIL import Image
+
+    from schemas.vab import VabTask
+    from tasks.panel.app import make_server
+    from tasks.panel.vab_protocols import create_vab_app, open_vab_study
+
+    buf = io.BytesIO()
+    Image.new("RGB", (8, 8), (1, 2, 3)).save(buf, "PNG")
+    settings = _settings(home, None)
+    opened = open_vab_study(settings, "v1", "sets", [VabTask(task_id="t1", domain="photography", images=["a", "b"], best=1)],
+                            ["x1"], read_image=lambda t, i: buf.getvalue())
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    server = make_server(create_vab_app(settings, "v1"), "127.0.0.1", sock.getsockname()[1], configure_logging=False)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    while not server.started:
+        assert thread.is_alive()
+        time.sleep(0.02)
+    try:
+        with httpx.Client(base_url=f"http://127.0.0.1:{sock.getsockname()[1]}", follow_redirects=False, timeout=60) as c:
+            assert c.get(f"/j/{opened.tokens['x1']}").status_code == 303
+            blocker = sqlite3.connect(opened.study_dir / "panel.sqlite", timeout=1)
+            blocker.isolation_level = None
+            blocker.execute("BEGIN IMMEDIATE")
+            try:
+                r = c.get("/expert")
+            finally:
+                blocker.execute("ROLLBACK")
+                blocker.close()
+            assert r.status_code == 503 and "try again" in r.text
+            assert c.get("/expert").status_code == 200
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+        sock.close()
