@@ -213,8 +213,8 @@ class Attached:
     record: PanelStoreRecord | None
 
 
-def _probe(u: URL, busy_timeout_s: float, marker: str) -> tuple[Engine | None, bool, str | None]:
-    """(engine or None, whether the database holds this protocol's tables, its store id), creating
+def _probe(u: URL, busy_timeout_s: float, mine: set[str]) -> tuple[Engine | None, bool, str | None]:
+    """(engine or None, whether the database holds any of this protocol's tables, its store id), creating
     nothing: a missing SQLite file is not created, an empty PostgreSQL database is left empty."""
     if is_sqlite(u) and not Path(u.database).is_file():
         return None, False, None
@@ -228,7 +228,7 @@ def _probe(u: URL, busy_timeout_s: float, marker: str) -> tuple[Engine | None, b
     except OperationalError as exc:
         engine.dispose()
         raise PanelDatabaseUnreachable(f"panel database {public_url(u)} cannot be used: {one_line(exc)}") from None
-    return engine, marker in names, sid
+    return engine, bool(names & mine), sid
 
 
 def _mismatch(what: str, record: PanelStoreRecord, u: URL, there: str) -> StoreMismatch:
@@ -248,9 +248,9 @@ def attach(study_dir: Path, url: str, tables: MetaData, what: str, *, create: bo
     study records another store (refused first, nothing created)."""
     u = parse_panel_url(url)
     record = read_record(study_dir)
-    marker = next(iter(tables.tables))  # the protocol's first table: its studies
+    mine = set(tables.tables) - {IDENTITY_TABLE}  # this protocol's tables
     try:
-        engine, present, sid = _probe(u, busy_timeout_s, marker)
+        engine, present, sid = _probe(u, busy_timeout_s, mine)
     except PanelDatabaseUnreachable as exc:
         if record is None:
             raise

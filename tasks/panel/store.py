@@ -187,7 +187,7 @@ class SqlStore:
     sessions of ``SESSIONS`` (a table with session_sha256, study_id, role, label, created_at)."""
 
     SESSIONS: Table  # each protocol's sessions table
-    METADATA: MetaData  # each protocol's tables, its studies table first
+    METADATA: MetaData  # each protocol's tables
     KIND = "study"  # how messages name a study of this protocol
     store_id: str | None = None  # the database's id, when opened for a study (tasks/panel/db.py)
     record = None  # the study's PanelStoreRecord, once written
