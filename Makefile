@@ -10,9 +10,11 @@ export GX_ANALYTICS_ENABLED := false
 
 .PHONY: setup system-deps demo test test-numeric-avx2 serve bench clean-demo
 
-# Debian packages the pipeline and its tests use: Tesseract (the offline OCR judge) and Chromium
-# with its driver (the report's browser tests). Installed when missing and we are root.
-SYSTEM_PACKAGES := tesseract-ocr chromium chromium-driver
+# Debian packages the pipeline and its tests use: Tesseract (the offline OCR judge), Chromium
+# with its driver (the report's browser tests) and PostgreSQL (the panel store's tests start a
+# throwaway cluster: initdb/pg_ctl live in /usr/lib/postgresql/<major>/bin, not on PATH).
+# Installed when missing and we are root.
+SYSTEM_PACKAGES := tesseract-ocr chromium chromium-driver postgresql
 
 setup: system-deps $(STAMP)
 
@@ -21,6 +23,7 @@ system-deps:
 	command -v tesseract >/dev/null || missing="$$missing tesseract-ocr"; \
 	command -v chromium >/dev/null || missing="$$missing chromium"; \
 	command -v chromedriver >/dev/null || missing="$$missing chromium-driver"; \
+	ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || missing="$$missing postgresql"; \
 	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = 0 ]; then \
 	    echo "installing Debian packages:$$missing"; \

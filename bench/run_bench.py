@@ -13,6 +13,7 @@ f: fixed cost of `imagebench score`: baseline tree (--baseline-src) vs now, cold
 g: preprocessing throughput with 2 worker processes vs 1 (bit-identical outputs)
 h: importing 1,000 models' scores and verdicts through the CLI (baseline vs now at 100 models)
 i: a 10,000-model lake: leaderboard and per-category queries from plain duckdb, catalog refresh
+j: the judging panel, 100 judges at once answering a whole study: p99 answer latency, SQLite vs PostgreSQL
 
 Every number is a ratio of two measurements taken in the same run; nothing here fails on a time.
 What each benchmark does: bench/README.md.
@@ -49,6 +50,7 @@ SECTIONS = {
     "g": "(g) Preprocessing workers: 2 worker processes vs 1, same bytes",
     "h": "(h) Importing 1,000 models' scores and verdicts",
     "i": "(i) Analyst queries and the catalog refresh at 10,000 models",
+    "j": "(j) Judging panel under load: 100 judges at once, SQLite and PostgreSQL",
 }
 NIGHTLY_SVG = "nightly-overhead.svg"  # (e)'s plot, written next to the results file
 _T0 = time.perf_counter()
@@ -324,6 +326,16 @@ def main(argv: list[str] | None = None) -> int:
                        f"layout); **{worst_refresh:.1f} s** | < 1 s each; < 5 s | {info['date (UTC)'][:10]}, {mode} |")
             sections["i"] = section("i", bench_lake.markdown(res), stamp, summary)
             log(f"(i) done in {time.perf_counter() - t:.0f}s")
+
+        if "j" in only:
+            import bench_panel_load
+
+            t = time.perf_counter()
+            res = bench_panel_load.run(20 if args.quick else 100, args.work / "panel")
+            raw["j"] = res
+            sections["j"] = section("j", bench_panel_load.markdown(res), stamp,
+                                    bench_panel_load.summary(res, info["date (UTC)"][:10], mode))
+            log(f"(j) done in {time.perf_counter() - t:.0f}s")
     finally:
         if not args.keep:
             shutil.rmtree(args.work, ignore_errors=True)

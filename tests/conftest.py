@@ -4,6 +4,7 @@
 - ``s3_env``: the environment boto3 reads (dummy credentials, region, IMAGEBENCH_S3_ENDPOINT),
   isolated from the developer's own AWS config.
 - ``s3_bucket``: a fresh, empty bucket for one test.
+- ``pg_server`` (session): a throwaway PostgreSQL cluster (tests/pgserver.py), for the panel store.
 """
 
 from __future__ import annotations
@@ -53,6 +54,19 @@ def prefect_harness():
 
     with prefect_test_harness(server_startup_timeout=120):
         yield
+
+
+@pytest.fixture(scope="session")
+def pg_server():
+    """One throwaway PostgreSQL cluster for the session (tests/pgserver.py); tests make their own
+    databases in it (``pg_server.new_database()``). Stopped and removed at the end."""
+    from tests.pgserver import start_pg
+
+    server = start_pg(fsync=False)  # durability is SQLite's and PostgreSQL's own business, not what is tested
+    try:
+        yield server
+    finally:
+        server.stop()
 
 
 @pytest.fixture(scope="session")

@@ -35,3 +35,22 @@ def test_section_c_lists_no_processes():
     assert "tesseract" not in page and "Other processes in the tree" not in page
     section_c = BENCH.joinpath("RESULTS.md").read_text().split("## (c)")[1].split("\n## ")[0]
     assert "Other processes in the tree" not in section_c and "tesseract" not in section_c
+
+
+def test_section_j_reports_p99_on_both_stores_and_nothing_lost_or_doubled():
+    """(j), issue 16: the panel load benchmark's section names both stores with their p99 and
+    shows no answer lost or doubled, and its summary row is in the summary table."""
+    import re
+
+    text = BENCH.joinpath("RESULTS.md").read_text()
+    section = text.split("## (j)")[1].split("\n## ")[0]
+    rows = [[c.strip() for c in line.strip("|").split("|")] for line in section.splitlines()
+            if line.startswith("| SQLite") or line.startswith("| PostgreSQL")]
+    assert [r[0].split()[0] for r in rows] == ["SQLite", "PostgreSQL"]
+    for store, recorded, lost, doubled, _codes, _rate, _p50, _p95, p99, _max, *_load in rows:
+        got, expected = recorded.replace(",", "").split(" / ")
+        assert got == expected and lost == "0" and doubled == "0", store
+        assert re.fullmatch(r"\*\*\d+ ms\*\*", p99), p99
+    assert "100 judges at once" in section
+    summary = text.split("## Summary")[1].split("<!--")[0]
+    assert "| (j) panel: p99 answer latency, 100 judges at once, PostgreSQL / SQLite |" in summary

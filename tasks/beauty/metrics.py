@@ -385,11 +385,12 @@ def study_pixel_metrics(settings: Any, definition: Any, study_dir: str | Path) -
     clip = getattr(settings, "beauty_clip_model", None)
     if not (inception and clip) and not definition.simulated:
         return STUDY_PIXEL_METRICS.empty_table()
-    store = open_panel_store(settings, definition.study_id)
+    store = open_panel_store(settings, definition.study_id, missing_ok=True)  # None: never opened for a panel
     try:
-        image_rows = store.image_rows()
+        image_rows = store.image_rows() if store is not None else []
     finally:
-        store.dispose()
+        if store is not None:
+            store.dispose()
     if not image_rows:
         return STUDY_PIXEL_METRICS.empty_table()
     suite = load_beauty_suite(settings.reference_dir, definition.suite)

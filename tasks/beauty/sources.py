@@ -28,6 +28,7 @@ class StudyContext:
     prompt_ids: list[str]
     prompts: dict[str, str]  # prompt_id -> prompt text
     suite_sha256: str
+    panel_database: str | None = None  # the setting (None: $IMAGEBENCH_PANEL_DATABASE or the folder's panel.sqlite)
 
     @property
     def study_id(self) -> str:
@@ -43,21 +44,17 @@ def load_study_context(settings, study_id: str) -> StudyContext:
     return StudyContext(
         definition=definition, prereg=prereg, study_dir=Path(study_dir),
         prompt_ids=[p.prompt_id for p in suite.prompts], prompts={p.prompt_id: p.prompt for p in suite.prompts},
-        suite_sha256=suite.sha256,
+        suite_sha256=suite.sha256, panel_database=getattr(settings, "panel_database", None),
     )
 
 
 def _open_store(ctx: StudyContext):
-    """The study's panel store, or None when the study was never opened for the panel app (no
-    SQLite file beside it and no ``IMAGEBENCH_PANEL_DATABASE``): opening would create one."""
-    import os
+    """The study's panel store, or None when the study was never opened for the panel app. Read
+    only: no database is created, and one other than the study's own is refused (naming both)."""
+    from tasks.panel.store import PanelStore
 
-    from tasks.panel.store import PANEL_DATABASE_ENV, PANEL_DB_NAME, PanelStore
-
-    if not os.environ.get(PANEL_DATABASE_ENV) and not (ctx.study_dir / PANEL_DB_NAME).is_file():
-        return None
-    store = PanelStore.open(ctx.study_dir, study_id=ctx.study_id)
-    if not store.exists():
+    store = PanelStore.find(ctx.study_dir, ctx.study_id, ctx.panel_database)
+    if store is not None and not store.exists():
         store.dispose()
         return None
     return store

@@ -3,7 +3,9 @@ pre-register, draw orders, issue tokens), ``status``, ``close``. The web app is 
 
 State lives under ``$IMAGEBENCH_HOME/studies/<study_id>/`` (schemas/study.py): ``study.yaml``,
 ``preregistration.json`` (create-once, read-only, pinned in that folder's ``SHA256SUMS``),
-``images/<opaque id>.jpg`` (the blinded copies) and ``panel.sqlite`` (tasks/panel/store.py).
+``images/<opaque id>.jpg`` (the blinded copies), ``panel-store.json`` (which panel database the
+study lives in, written once at open: tasks/panel/db.py) and ``panel.sqlite`` (tasks/panel/store.py,
+unless the study lives in PostgreSQL).
 """
 
 from __future__ import annotations
@@ -21,7 +23,15 @@ from pathlib import Path
 import yaml
 from pydantic import ValidationError
 
-from schemas.study import HYPOTHESES, PUBLISHED_GROUP_SIZES, STUDY_ID_RE, PreRegistration, QualitySettings, StudyDefinition
+from schemas.study import (
+    HYPOTHESES,
+    PANEL_STORE_RECORD_FILE,
+    PUBLISHED_GROUP_SIZES,
+    STUDY_ID_RE,
+    PreRegistration,
+    QualitySettings,
+    StudyDefinition,
+)
 
 STUDY_FILE = "study.yaml"
 PREREG_FILE = "preregistration.json"
@@ -128,11 +138,16 @@ def load_study(settings, study_id: str) -> tuple[StudyDefinition, PreRegistratio
     return definition, prereg, d
 
 
-def open_panel_store(settings, study_id: str):
+def open_panel_store(settings, study_id: str, *, create: bool = False, missing_ok: bool = False):
+    """The study's panel store, checked against the database the study was opened in (another one
+    is refused, naming both). ``missing_ok``: None when there is none, and nothing is created;
+    ``create`` only for ``open``."""
     from tasks.panel.store import PanelStore
 
-    return PanelStore.open(study_dir(settings, study_id), study_id=study_id,
-                           database=getattr(settings, "panel_database", None))
+    d, db = study_dir(settings, study_id), getattr(settings, "panel_database", None)
+    if missing_ok:
+        return PanelStore.find(d, study_id, db, create=create)
+    return PanelStore.open(d, study_id=study_id, database=db, create=create)
 
 
 # ---- init ----------------------------------------------------------------------------------------
@@ -259,10 +274,20 @@ def open_study(settings, study_id: str, now: datetime | None = None) -> OpenedSt
         # A plan written after the data is no pre-registration (issue 16, item 6).
         raise StudyError(f"study {study_id} already has {existing} answers (imported or simulated): a study is "
                          "pre-registered before its first answer, so it cannot be opened now; open a new study")
-    store = open_panel_store(settings, study_id)
+    # Read-only first (another database than the study's is refused here, naming both; nothing created).
+    found = open_panel_store(settings, study_id, missing_ok=True)
+    if found is not None:
+        try:
+            if found.exists():
+                raise StudyError(f"study {study_id} is already open (imagebench study status {study_id}); its links were shown at open")
+        finally:
+            found.dispose()
+    if prereg is not None and (d / IMAGES_DIR).exists() and not (d / PANEL_STORE_RECORD_FILE).exists():
+        raise StudyError(f"study {study_id} has a pre-registration and blinded images but no record of the panel database "
+                         "it was opened in (an older imagebench), and this database does not hold it: set "
+                         "IMAGEBENCH_PANEL_DATABASE to the database it was opened in")
+    store = None
     try:
-        if store.exists():
-            raise StudyError(f"study {study_id} is already open (imagebench study status {study_id}); its links were shown at open")
         suite = load_beauty_suite(settings.reference_dir, definition.suite)
         objects = open_configured_store(settings)
         ingested: dict[str, list[dict]] = {}
@@ -282,6 +307,10 @@ def open_study(settings, study_id: str, now: datetime | None = None) -> OpenedSt
         if report.leaks:
             raise StudyError(f"study {study_id} cannot open: blinding leaves a tool recognisable: {'; '.join(report.leaks)}")
 
+        # The study's database, recorded before anything of the study is written (an open that
+        # crashes after this can only be finished in the same database).
+        store = open_panel_store(settings, study_id, create=True)
+        store.record_in(d)
         if prereg is None:
             prereg = PreRegistration(
                 study_id=study_id, created_at=now.isoformat(),
@@ -320,7 +349,8 @@ def open_study(settings, study_id: str, now: datetime | None = None) -> OpenedSt
             queues={j.label: judge_order(key, j.label, ids) for j in definition.judges})
         return OpenedStudy(d, prereg, admin, tokens, len(image_rows), report.lines)
     finally:
-        store.dispose()
+        if store is not None:
+            store.dispose()
 
 
 def _answers_in_lake(settings, study_id: str) -> int:
@@ -336,9 +366,13 @@ def _answers_in_lake(settings, study_id: str) -> int:
 
 def study_status(settings, study_id: str) -> dict:
     definition, prereg, d = load_study(settings, study_id)
-    store = open_panel_store(settings, study_id)
+    store = open_panel_store(settings, study_id, missing_ok=True)  # read-only: creates no database
     try:
-        row = store.study_row()
+        row = store.study_row() if store is not None else None
+        if row is None and prereg is not None and (d / IMAGES_DIR).exists() and not (d / PANEL_STORE_RECORD_FILE).exists():
+            # Opened by an imagebench that kept no record of its database: not "defined", elsewhere.
+            raise StudyError(f"study {study_id} was opened (pre-registration, blinded images) but this panel database does "
+                             "not hold it: set IMAGEBENCH_PANEL_DATABASE to the database it was opened in")
         if row is None:
             return {"study_id": study_id, "state": "defined", "tools": definition.tools, "judges": [],
                     "answers": 0, "images": 0, "preregistration_sha256": None, "study_dir": str(d)}
@@ -354,13 +388,16 @@ def study_status(settings, study_id: str) -> dict:
             "simulated": definition.simulated,
         }
     finally:
-        store.dispose()
+        if store is not None:
+            store.dispose()
 
 
 def close_study(settings, study_id: str) -> bool:
     """Close the study: the panel accepts nothing after this. False when it was already closed."""
     load_study(settings, study_id)
-    store = open_panel_store(settings, study_id)
+    store = open_panel_store(settings, study_id, missing_ok=True)
+    if store is None:
+        raise StudyError(f"study {study_id} was never opened (imagebench study open {study_id})")
     try:
         if not store.exists():
             raise StudyError(f"study {study_id} was never opened (imagebench study open {study_id})")

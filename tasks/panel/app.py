@@ -180,6 +180,12 @@ def create_app(settings, study_id: str, public_url: str | None = None) -> FastAP
     def _error(exc: PanelError) -> HTMLResponse:
         return _message("Not recorded" if exc.status != 409 else "Nothing to do", str(exc), exc.status)
 
+    @app.exception_handler(PanelError)
+    async def _refused(_request: Request, exc: PanelError) -> HTMLResponse:
+        # A refusal raised outside a handler's own try (the session lookup of a busy database:
+        # StoreUnavailable) is its status (503, retry), not a 500.
+        return _error(exc)
+
     @app.get("/static/panel.css")
     async def css() -> Response:
         return Response(CSS, media_type="text/css")

@@ -1,12 +1,15 @@
 """The panel store: judges, their queues, answers and memos' metadata, durable at once.
 
 Embedded SQLite in WAL mode by default (``<study_dir>/panel.sqlite``, ``synchronous=FULL``: a
-committed answer survives a power cut), or any SQLAlchemy database URL (PostgreSQL when several
-servers run: ``IMAGEBENCH_PANEL_DATABASE=postgresql+psycopg://host/db``). Every row carries its
-``study_id``, so one database may hold many studies. SQLAlchemy Core only (installed with Prefect).
+committed answer survives a power cut), or PostgreSQL when several servers run
+(``IMAGEBENCH_PANEL_DATABASE=postgresql+psycopg://user@host/db``; the URLs, the engine and the
+study's record of its database are tasks/panel/db.py). Every row carries its ``study_id``, so one
+database may hold many studies. SQLAlchemy Core only (installed with Prefect).
 
 Why the shapes: an answer's primary key is (study, judge, position), so a double click or a
-retried POST can only ever record one answer; write transactions on SQLite start with
+retried POST can only ever record one answer, and the insert itself is idempotent (``ON CONFLICT
+DO NOTHING`` after a row lock on the queue slot), so on PostgreSQL too two identical POSTs at once
+both succeed with one row; write transactions on SQLite start with
 ``BEGIN IMMEDIATE`` so two writers wait for each other (busy timeout) instead of failing on a lock
 upgrade. Tokens and session cookies are stored as sha256 hex, never in clear. Timestamps are UTC
 microseconds since the epoch (exact, portable).
@@ -32,15 +35,18 @@ from sqlalchemy import (
     MetaData,
     String,
     Table,
-    create_engine,
-    event,
     func,
     select,
 )
+from sqlalchemy.dialects import postgresql as pg_dialect
+from sqlalchemy.dialects import sqlite as sqlite_dialect
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 
 from schemas.study import STUDY_ANSWERS, salted_judge_id
+from tasks.panel.db import (  # noqa: F401 - make_engine, open_engine re-exported
+    attach, identity_table, make_engine, one_line, open_engine, public_url, write_record)
 
 PANEL_DB_NAME = "panel.sqlite"
 PANEL_DATABASE_ENV = "IMAGEBENCH_PANEL_DATABASE"
@@ -113,6 +119,13 @@ sessions = Table(
     Column("label", String(64)),
     Column("created_at", BigInteger, nullable=False),
 )
+identity_table(metadata)  # panel_store: the database's random id (tasks/panel/db.py)
+
+
+def study_database(study_dir: str | os.PathLike[str], database: str | None = None) -> str:
+    """The database URL a study's command uses: ``database`` (the setting), else
+    ``$IMAGEBENCH_PANEL_DATABASE``, else the study folder's own ``panel.sqlite``."""
+    return database or os.environ.get(PANEL_DATABASE_ENV) or f"sqlite:///{Path(study_dir).resolve() / PANEL_DB_NAME}"
 
 
 class PanelError(RuntimeError):
@@ -176,6 +189,34 @@ class SqlStore:
     sessions of ``SESSIONS`` (a table with session_sha256, study_id, role, label, created_at)."""
 
     SESSIONS: Table  # each protocol's sessions table
+    METADATA: MetaData  # each protocol's tables
+    KIND = "study"  # how messages name a study of this protocol
+    store_id: str | None = None  # the database's id, when opened for a study (tasks/panel/db.py)
+    record = None  # the study's PanelStoreRecord, once written
+
+    def record_in(self, study_dir: str | os.PathLike[str]) -> None:
+        """Write the study's record of this database (by ``open``, once, before anything of the
+        study is written): every later command is checked against it."""
+        if self.record is None:
+            if not self.store_id:
+                raise PanelError("this store was not opened for a study (PanelStore.open(study_dir, create=True))")
+            self.record = write_record(Path(study_dir), self.engine.url, self.store_id)
+
+    @classmethod
+    def find(cls, study_dir: str | os.PathLike[str], study_id: str | None = None, database: str | None = None,
+             busy_timeout_s: float = 10.0, *, create: bool = False):
+        """The study's store, or None when the study records none and its database holds no panel
+        of this kind (nothing is created). Raises ``StoreMismatch`` when pointed at another database."""
+        folder = Path(study_dir)
+        study_id = study_id or folder.name
+        got = attach(folder, study_database(folder, database), cls.METADATA, f"{cls.KIND} {study_id}", create=create,
+                     busy_timeout_s=busy_timeout_s)
+        if got is None:
+            return None
+        add_missing_columns(got.engine, cls.METADATA)  # columns a newer imagebench added (a panel opened before)
+        store = cls(got.engine, study_id)
+        store.store_id, store.record = got.store_id, got.record
+        return store
 
     def __init__(self, engine: Engine, study_id: str):
         self.engine = engine
@@ -190,7 +231,18 @@ class SqlStore:
             with self.engine.begin() as conn:
                 yield conn
         except OperationalError as exc:  # locked past the busy timeout, disk full, server gone
-            raise StoreUnavailable(f"the panel database could not record this ({exc.orig}); nothing was saved, try again") from exc
+            raise StoreUnavailable(f"the panel database could not record this ({one_line(exc)}); nothing was saved, try again") from exc
+        except PoolTimeout as exc:  # every connection busy past the pool timeout (PostgreSQL under load)
+            raise StoreUnavailable("the panel database is busy; nothing was saved, try again") from exc
+
+    def insert_once(self, c, table: Table, values: dict) -> bool:
+        """Insert a row unless its primary key is taken (then nothing happens): False when it was.
+        ``ON CONFLICT DO NOTHING``, so a duplicate racing past our checks never surfaces as an
+        IntegrityError (a 500) on either store."""
+        dialect = pg_dialect if self.engine.dialect.name == "postgresql" else sqlite_dialect
+        # RETURNING, not rowcount: psycopg reports -1 for an INSERT executed this way.
+        key = list(table.primary_key.columns)[0]
+        return c.execute(dialect.insert(table).values(**values).on_conflict_do_nothing().returning(key)).first() is not None
 
     def new_session(self, role: str, label: str | None, replace: bool = False) -> str:
         """A new browser session: the secret goes into the cookie, only its hash into the table.
@@ -226,26 +278,29 @@ class PanelStore(SqlStore):
     """One study's rows in a panel database. Open with :meth:`open`."""
 
     SESSIONS = sessions
+    METADATA = metadata
 
     # ---- opening ----------------------------------------------------------------------------
     @classmethod
     def open(cls, study_dir_or_url: str | os.PathLike[str], study_id: str | None = None,
-             database: str | None = None, busy_timeout_s: float = 10.0) -> "PanelStore":
+             database: str | None = None, busy_timeout_s: float = 10.0, *, create: bool = False) -> "PanelStore":
         """``open(study_dir)``: the study's database (``database``, else ``$IMAGEBENCH_PANEL_DATABASE``,
-        else ``<study_dir>/panel.sqlite``), study id = the folder's name. ``open(url, study_id=...)``:
-        a database URL directly."""
+        else ``<study_dir>/panel.sqlite``), study id = the folder's name, checked against the study's
+        record of its store (tasks/panel/db.py); ``create=True`` only for ``study open``.
+        ``open(url, study_id=...)``: a database URL directly (tables created)."""
         text = os.fspath(study_dir_or_url)
         if "://" in text:
             if not study_id:
                 raise ValueError(f"PanelStore.open({text.split('://')[0]}://...): a database URL needs study_id")
-            url = text
-        else:
-            folder = Path(text)
-            study_id = study_id or folder.name
-            url = database or os.environ.get(PANEL_DATABASE_ENV) or f"sqlite:///{folder / PANEL_DB_NAME}"
-        engine = open_engine(url, metadata, busy_timeout_s)
-        add_missing_columns(engine, metadata)
-        return cls(engine, study_id)
+            engine = open_engine(text, metadata, busy_timeout_s)
+            add_missing_columns(engine, metadata)
+            return cls(engine, study_id)
+        store = cls.find(text, study_id, database, busy_timeout_s, create=create)
+        if store is None:
+            url = public_url(study_database(text, database))
+            raise PanelError(f"study {study_id or Path(text).name} has no panel in {url}: it was never opened there "
+                             "(imagebench study open)")
+        return store
 
     # ---- study lifecycle ------------------------------------------------------------------
     def exists(self) -> bool:
@@ -321,8 +376,10 @@ class PanelStore(SqlStore):
                 # Monotonic: never before the previous answer (a wall clock stepping back).
                 prev = c.execute(select(func.max(answers.c.answered_at)).where(answers.c.study_id == sid, answers.c.label == label)).scalar()
                 shown = max(now_us(), prev or 0)
-                c.execute(queue.update().where(queue.c.study_id == sid, queue.c.label == label, queue.c.position == done)
-                          .values(shown_at=shown))
+                # Only if still unset: two concurrent first GETs (PostgreSQL) keep the first time.
+                slot = (queue.c.study_id == sid, queue.c.label == label, queue.c.position == done)
+                c.execute(queue.update().where(*slot, queue.c.shown_at.is_(None)).values(shown_at=shown))
+                shown = c.execute(select(queue.c.shown_at).where(*slot)).scalar()
             return NextItem(done, row.image_id, total, shown)
 
     def progress_of(self, label: str) -> tuple[int, int]:
@@ -374,8 +431,10 @@ class PanelStore(SqlStore):
         sid = self.study_id
         with self._tx() as c:
             self._require_open(c)
+            # FOR UPDATE (PostgreSQL; SQLite's BEGIN IMMEDIATE already serialises): a second POST of
+            # the same answer waits here for the first, then sees its row below.
             q = c.execute(select(queue.c.image_id, queue.c.shown_at, queue.c.image_served_at).where(
-                queue.c.study_id == sid, queue.c.label == label, queue.c.position == position)).first()
+                queue.c.study_id == sid, queue.c.label == label, queue.c.position == position).with_for_update()).first()
             if q is None or q.image_id != image_id:
                 raise NotInQueue(f"image {image_id!r} is not at position {position} of this judge's queue")
             if c.execute(select(answers.c.position).where(answers.c.study_id == sid, answers.c.label == label,
@@ -388,10 +447,10 @@ class PanelStore(SqlStore):
                 m = c.execute(select(memos.c.label, memos.c.position).where(memos.c.study_id == sid, memos.c.memo_id == memo_id)).first()
                 if m is None or m.label != label or m.position != position:
                     raise NotInQueue("that memo does not belong to this answer")
-            c.execute(answers.insert().values(study_id=sid, label=label, position=position, image_id=image_id,
-                                              answer=answer, shown_at=q.shown_at, answered_at=max(now_us(), q.shown_at),
-                                              memo_id=memo_id, image_served_at=q.image_served_at))
-        return True
+            return self.insert_once(c, answers, dict(study_id=sid, label=label, position=position, image_id=image_id,
+                                                     answer=answer, shown_at=q.shown_at,
+                                                     answered_at=max(now_us(), q.shown_at), memo_id=memo_id,
+                                                     image_served_at=q.image_served_at))
 
     def record_memo(self, label: str, position: int, memo_id: str, object_key: str, media_type: str, byte_size: int) -> None:
         """A memo uploaded with the judge's consent, for the judge's current (unanswered) image."""
@@ -510,37 +569,3 @@ def add_missing_columns(engine: Engine, tables: MetaData) -> list[str]:
                 added.append(f"{table.name}.{col.name}")
     return added
 
-
-def open_engine(url: str, tables: MetaData, busy_timeout_s: float = 10.0) -> Engine:
-    """:func:`make_engine` with ``tables`` created; a database that cannot take them is StoreUnavailable."""
-    engine = make_engine(url, busy_timeout_s)
-    try:
-        tables.create_all(engine)
-    except OperationalError as exc:
-        raise StoreUnavailable(f"panel database {engine.url.render_as_string(hide_password=True)}: {exc.orig}") from exc
-    return engine
-
-
-def make_engine(url: str, busy_timeout_s: float = 10.0) -> Engine:
-    if url.startswith("sqlite"):
-        path = url.split("///", 1)[-1]
-        if path and path != ":memory:":
-            Path(path).parent.mkdir(parents=True, exist_ok=True)
-        engine = create_engine(url, connect_args={"timeout": busy_timeout_s, "check_same_thread": False})
-
-        @event.listens_for(engine, "connect")
-        def _pragmas(dbapi_conn, _record):
-            dbapi_conn.isolation_level = None  # we issue BEGIN ourselves (below)
-            cur = dbapi_conn.cursor()
-            cur.execute("PRAGMA journal_mode=WAL")
-            cur.execute("PRAGMA synchronous=FULL")
-            cur.execute(f"PRAGMA busy_timeout={int(busy_timeout_s * 1000)}")
-            cur.execute("PRAGMA foreign_keys=ON")
-            cur.close()
-
-        @event.listens_for(engine, "begin")
-        def _begin(conn):
-            conn.exec_driver_sql("BEGIN IMMEDIATE")  # take the write lock up front: no upgrade deadlock
-
-        return engine
-    return create_engine(url, pool_pre_ping=True)

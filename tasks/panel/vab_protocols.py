@@ -91,8 +91,13 @@ def study_dir(settings, study_id: str) -> Path:
     return Path(settings.home) / "vab_studies" / study_id
 
 
-def open_store(settings, study_id: str) -> VabPanelStore:
-    return VabPanelStore.open(study_dir(settings, study_id), study_id, database=getattr(settings, "panel_database", None))
+def open_store(settings, study_id: str, *, create: bool = False, missing_ok: bool = False) -> VabPanelStore | None:
+    """The study's panel store, checked against the database it was opened in (tasks/panel/db.py).
+    ``missing_ok``: None when there is none (nothing created); ``create`` only for ``open``."""
+    d, db = study_dir(settings, study_id), getattr(settings, "panel_database", None)
+    if missing_ok:
+        return VabPanelStore.find(d, study_id, db, create=create)
+    return VabPanelStore.open(d, study_id, database=db, create=create)
 
 
 def _rng(seed: int, *parts: str) -> random.Random:
@@ -137,10 +142,16 @@ def open_vab_study(settings, study_id: str, sets: str, tasks: Sequence[VabTask],
     dup = sorted({i for i in ids if ids.count(i) > 1})
     if dup:
         raise PanelError(f"VAB study {study_id}: task id used twice: {dup[0]}")
-    store = open_store(settings, study_id)
+    found = open_store(settings, study_id, missing_ok=True)  # another database than the study's: refused here
+    if found is not None:
+        try:
+            if found.exists():
+                raise PanelError(f"VAB study {study_id} is already open")
+        finally:
+            found.dispose()
+    store = open_store(settings, study_id, create=True)
     try:
-        if store.exists():
-            raise PanelError(f"VAB study {study_id} is already open")
+        store.record_in(d)  # the study's database, recorded before anything of it is written
         (d / "images").mkdir(parents=True, exist_ok=True)
         image_rows = []
         for t in tasks:
@@ -203,6 +214,11 @@ def create_vab_app(settings, study_id: str):
 
     app = FastAPI(docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan)
     app.state.store = store
+
+    @app.exception_handler(PanelError)
+    async def _refused(_request: Request, exc: PanelError):
+        # A store refusal outside a handler's own try (a busy database at the session lookup): its status, not a 500.
+        return _message("Not recorded", str(exc), exc.status)
 
     @app.middleware("http")
     async def _headers_and_log(request: Request, call_next):

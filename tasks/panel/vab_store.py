@@ -18,22 +18,21 @@ import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from pathlib import Path
 
 from sqlalchemy import BigInteger, Column, Integer, MetaData, String, Table, func, select
 from sqlalchemy.exc import IntegrityError
 
+from tasks.panel.db import identity_table, public_url
 from tasks.panel.store import (
-    PANEL_DATABASE_ENV,
     NotInQueue,
     OutOfOrder,
     PanelError,
     StudyClosed,
     from_us,
     SqlStore,
-    open_engine,
     now_us,
     sha256_hex,
+    study_database,
     to_us,
 )
 
@@ -105,6 +104,7 @@ vsessions = Table(
     Column("label", String(64)),
     Column("created_at", BigInteger, nullable=False),
 )
+identity_table(metadata)  # panel_store: the database's random id (tasks/panel/db.py)
 
 
 @dataclass(frozen=True)
@@ -132,11 +132,20 @@ class VabPanelStore(SqlStore):
 
     SESSIONS = vsessions
 
+    METADATA = metadata
+    KIND = "VAB study"
+
     @classmethod
     def open(cls, study_dir: str | os.PathLike[str], study_id: str, database: str | None = None,
-             busy_timeout_s: float = 10.0) -> "VabPanelStore":
-        url = database or os.environ.get(PANEL_DATABASE_ENV) or f"sqlite:///{Path(study_dir) / VAB_PANEL_DB_NAME}"
-        return cls(open_engine(url, metadata, busy_timeout_s), study_id)
+             busy_timeout_s: float = 10.0, *, create: bool = False) -> "VabPanelStore":
+        """The study's database (``database``, else ``$IMAGEBENCH_PANEL_DATABASE``, else
+        ``<study_dir>/panel.sqlite``), checked against the study's record of its store;
+        ``create=True`` only for ``vab panel open``."""
+        store = cls.find(study_dir, study_id, database, busy_timeout_s, create=create)
+        if store is None:
+            url = public_url(study_database(study_dir, database))
+            raise PanelError(f"VAB study {study_id} has no panel in {url}: it was never opened there (imagebench vab panel open)")
+        return store
 
     # ---- lifecycle ------------------------------------------------------------------------------
     def create_study(self, *, sets: str, order_seed: int, admin_token_sha256: str, opened_at: datetime,
@@ -209,8 +218,9 @@ class VabPanelStore(SqlStore):
             if shown is None:
                 prev = c.execute(select(func.max(vanswers.c.answered_at)).where(vanswers.c.study_id == sid, vanswers.c.label == label)).scalar()
                 shown = max(now_us(), prev or 0)
-                c.execute(vqueue.update().where(vqueue.c.study_id == sid, vqueue.c.label == label, vqueue.c.position == done)
-                          .values(shown_at=shown))
+                slot = (vqueue.c.study_id == sid, vqueue.c.label == label, vqueue.c.position == done)
+                c.execute(vqueue.update().where(*slot, vqueue.c.shown_at.is_(None)).values(shown_at=shown))
+                shown = c.execute(select(vqueue.c.shown_at).where(*slot)).scalar()
             domain = c.execute(select(vtasks.c.domain).where(vtasks.c.study_id == sid, vtasks.c.task_id == q["task_id"])).scalar()
             order = parse_order(q["shown_order"])
             return VabItem(done, total, q["protocol"], q["task_id"], domain, order, self._image_ids(c, q["task_id"], order), shown)
@@ -232,7 +242,7 @@ class VabPanelStore(SqlStore):
         with self._tx() as c:
             self._require_open(c)
             q = c.execute(select(vqueue).where(vqueue.c.study_id == sid, vqueue.c.label == label,
-                                               vqueue.c.position == position)).mappings().first()
+                                               vqueue.c.position == position).with_for_update()).mappings().first()
             if q is None or q["protocol"] != protocol or \
                     self._image_ids(c, q["task_id"], parse_order(q["shown_order"])) != tuple(image_ids):
                 raise NotInQueue(f"these images are not item {position} of this expert's queue")
@@ -244,12 +254,11 @@ class VabPanelStore(SqlStore):
                 raise OutOfOrder(f"item {position} is not the next one (item {done} is)")
             prev = c.execute(select(func.max(vanswers.c.answered_at)).where(vanswers.c.study_id == sid, vanswers.c.label == label)).scalar()
             shown = q["shown_at"] if q["shown_at"] is not None else now_us()
-            c.execute(vanswers.insert().values(
+            return self.insert_once(c, vanswers, dict(
                 study_id=sid, label=label, position=position, protocol=protocol, task_id=q["task_id"],
                 shown_order=q["shown_order"], best_shown=best_shown, worst_shown=worst_shown,
                 scores_shown=None if scores_shown is None else " ".join(f"{s:g}" for s in scores_shown),
                 shown_at=shown, answered_at=max(now_us(), shown, prev or 0)))
-        return True
 
     def progress(self) -> list[dict]:
         sid = self.study_id

@@ -71,7 +71,8 @@ def test_open_refuses_tools_missing_images_naming_them(tmp_path):
     assert f"{TOOLS[1]}: {a} (missing), {b} (missing)" in msg and f"{TOOLS[0]}: {ids[0]} (quarantined" in msg
     d = tmp_path / "studies" / "s-missing"
     assert not (d / "preregistration.json").exists() and not (d / "images").exists()
-    assert not PanelStore.open(d).exists()
+    # Nothing of the study was written: no database, no record of one.
+    assert PanelStore.find(d) is None and not (d / "panel.sqlite").exists() and not (d / "panel-store.json").exists()
 
 
 def test_open_preregisters_once_orders_per_judge_and_hashes_tokens(tmp_path):
@@ -227,7 +228,7 @@ def test_open_refuses_when_blinding_leaves_a_tool_recognisable(tmp_path, monkeyp
         open_study(settings, "leaky")
     d = tmp_path / "studies" / "leaky"
     assert not (d / "preregistration.json").exists() and not (d / "images").exists()
-    assert not PanelStore.open(d).exists()
+    assert PanelStore.find(d) is None and not (d / "panel.sqlite").exists()
 
 
 def test_a_panel_database_from_before_the_qc_columns_is_upgraded_in_place(tmp_path):
