@@ -76,6 +76,7 @@ def test_export_carries_exactly_the_linked_memo_and_analysis_counts_flagged(tmp_
     assert len(store.memo_rows(linked_only=False)) == 3
     (linked,) = store.memo_rows()
     assert (linked["label"], linked["position"]) == ("j1", 0)
+    linked_image = next(r for r in store.image_rows() if r["image_id"] == store.queue_of("j1")[0])
     store.dispose()
 
     ctx = load_study_context(settings, "memos")
@@ -97,7 +98,9 @@ def test_export_carries_exactly_the_linked_memo_and_analysis_counts_flagged(tmp_
     assert [f.read_bytes() for f in files] == [takes["second"]]  # exactly the linked take, by content
     exported = pq.read_table(tmp_path / "bundle" / "answers.parquet").to_pylist()
     with_memo = [a for a in exported if a["memo_file"]]
-    assert len(with_memo) == 1 and with_memo[0]["position"] == 0 and with_memo[0]["memo_file"] == f"memos/{files[0].name}"
+    # The bundle has no position (anonymity): the memo sits on the answer to j1's first image.
+    assert len(with_memo) == 1 and with_memo[0]["memo_file"] == f"memos/{files[0].name}"
+    assert (with_memo[0]["tool"], with_memo[0]["prompt_id"]) == (linked_image["tool"], linked_image["prompt_id"])
 
 
 @pytest.mark.parametrize("min_seconds,expect", [(0.0, [None, None, "image not loaded"]), (5.0, ["faster than 5 s", None, "image not loaded"])])
