@@ -91,6 +91,7 @@ def _env(ws: Workspace, src: Path) -> dict[str, str]:
     env = ws.env()
     env["PYTHONPATH"] = str(src)  # the tree under test, ahead of the editable install
     env["BENCH_SRC"] = str(src)
+    env["PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"] = "600"  # a shared, loaded machine: slow, not broken
     return env  # IMAGEBENCH_WARM=off (Workspace.env): every command cold, start-up included
 
 

@@ -81,7 +81,8 @@ def one(work: Path, tiny, ref_ws, lake_home: Path | None, n: int, src: Path, lab
         _build_small(ws.home, n)
     setup_s = time.perf_counter() - t
     ws.put_model(NEW_MODEL, all_ids, seed=4242, side=IMAGE_SIDE)
-    env = ws.env() | {"IMAGEBENCH_TESSERACT": "/nonexistent/bench-no-tesseract", "PYTHONPATH": str(src), "BENCH_SRC": str(src)}
+    env = ws.env() | {"IMAGEBENCH_TESSERACT": "/nonexistent/bench-no-tesseract", "PYTHONPATH": str(src), "BENCH_SRC": str(src),
+                      "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "600"}  # a loaded machine: slow, not broken
     env.pop("IMAGEBENCH_JUDGES_CONFIG", None)
     trace = (ws.root / "exec.json").resolve()
     cmd = [PY, str(Path(__file__).resolve().parent / "bench_nightly.py"), "--exec", str(trace), "imagebench", "nightly",
