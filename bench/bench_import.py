@@ -322,7 +322,7 @@ def markdown(res: dict) -> list[str]:
              "| code | models | import-scores s | import-verdicts s | total s | CPU s (user+sys) | ms per row | CPU used by others |",
              "|---|---|---|---|---|---|---|---|"]
     rows = [("before (baseline tree)", res.get("old")), ("now", res.get("new_same_n"))]
-    rows += [] if res.get("new_same_n") is new else [("now", new)]
+    rows += [] if res.get("new_same_n") == new else [("now", new)]
     for name, r in rows:
         if r:
             lines.append(f"| {name} | {r['models']:,} | {r['scores_s']:.1f} | {r['verdicts_s']:.1f} | **{r['total_s']:.1f}** "
