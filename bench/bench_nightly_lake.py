@@ -119,7 +119,7 @@ def run(work: Path, tiny, ref_ws, lake10k_home: Path, big_n: int, log, baseline_
     small_home = work / "lake-small-src"
     if not (small_home / "lake").is_dir():
         _build_small(small_home, small_n)
-    out: dict = {"small_n": small_n, "big_n": big_n, "runs": []}
+    out: dict = {"small_n": small_n, "big_n": big_n, "runs": [], "reps": reps}
     # Interleaved (small, big, small, big) so a load change on the shared machine hits both sizes.
     for rep in range(reps):
         for n, home in ((small_n, small_home), (big_n, lake10k_home)):
@@ -151,7 +151,8 @@ def markdown(res: dict) -> list[str]:
         "object store holds one new model (192 64x64 PNGs); one cold `imagebench nightly` in a fresh subprocess, as in (e). "
         "**Overhead** = flow total_s - the new model's own work (its ingest_s + time in `HPSv3Scorer.score` + judge_s + "
         "commit_s, from the run record and timed in the command): run record, suite/reference checks, the corrupt-file "
-        "check, discovery, task submission, the catalog refresh. Two interleaved repetitions per size; best of each.",
+        f"check, discovery, task submission, the catalog refresh. {res.get('reps', 2)} interleaved repetition(s) of the new "
+        "code per size (best of each), one of the baseline's.",
         "",
         "| code | lake models | files in lake | flow total_s | own work s | **overhead s** | catalog_s | whole command s | whole command CPU s | CPU used by others |",
         "|---|---|---|---|---|---|---|---|---|---|",
