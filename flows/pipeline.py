@@ -37,6 +37,7 @@ GPU_TAG = "gpu"
 # Errors that stop the whole run rather than one model: the golden-set canary's.
 REFUSE_RUN = (CanaryDrift, GoldenSetError)
 MODELS_PER_WAVE = 64  # models whose ingest/HPSv3/judging overlap in one nightly wave
+AGGREGATE_WAVE = 256  # models re-aggregated in one pass by reference build (one open lock file each)
 INGEST_AHEAD = 2  # ingests in flight ahead of the model being planned
 
 
@@ -236,17 +237,28 @@ def _finish_run(settings: Settings, record: RunRecord, error: BaseException | No
     return row
 
 
-def set_aside_corrupt(run: Run, model_ids: list[str] | None = None, full: bool = False) -> set[str]:
+def set_aside_corrupt(run: Run, model_ids: list[str] | None = None, full: bool = False, every_footer: bool = False) -> set[str]:
     """Detect unreadable partition files, move each to <lake>/_corrupt/ (kept for inspection)
     and record it. Returns the affected models: their rows in that table are gone, so the run
     must ingest them again (whatever is missing is then recomputed from their images). Never a
-    silent drop: each file shows in the run record."""
+    silent drop: each file shows in the run record. The whole lake (no ``model_ids``): only the
+    files changed since a catalog refresh read them whole (tasks/lake_check.py), unless
+    ``every_footer``."""
     from tasks.lake import Lake
 
     lake = Lake(run.settings.lake_dir)
     logger = get_run_logger()
     affected = set()
-    for table, model_id, path, detail in lake.find_corrupt(model_ids, full=full):
+    if model_ids is None and not full and not every_footer:
+        from tasks.lake_check import check_changed
+
+        checked = check_changed(lake)
+        found = checked.corrupt
+        logger.info("lake check: %d of %d files changed since the last catalog refresh read them whole, footers read",
+                    checked.opened, checked.files)
+    else:
+        found = lake.find_corrupt(model_ids, full=full)
+    for table, model_id, path, detail in found:
         dest = lake.set_aside(table, model_id, f"{detail} (run {run.run_id})")
         note = f"{path} ({table}, model {model_id}): {detail} -> moved to {dest}"
         logger.error("corrupt lake file: %s", note)
@@ -422,16 +434,25 @@ def _results_under_new_reference(run: Run, version: str, scorer_id: str, baselin
     scored = work.models_scored_by(settings, scorer_id)
     order = [m for m in baseline_models if m in scored] + [m for m in scored if m not in baseline_models]
     done = []
-    for model_id in order:
+    # In waves (a lock file per model held open, AGGREGATE_WAVE of them), each aggregated in one pass
+    # (work.aggregate_models: one read per table, one bootstrap, one check). A wave that fails
+    # wrote nothing (it raises before any write) and is redone model by model to find the culprit.
+    for i in range(0, len(order), AGGREGATE_WAVE):
         with ExitStack() as locks:
-            if not _lock_models(run, locks, [model_id], refuse_busy=False):
-                continue
+            wave = _lock_models(run, locks, order[i : i + AGGREGATE_WAVE], refuse_busy=False)
             try:
-                work.aggregate_model(settings, run.suite, reference, model_id, run.run_id, None)
-            except Exception as exc:  # noqa: BLE001 - this model only; the next run scores it
-                logger.warning("%s: no result under reference %s yet: %s", model_id, version, redact(str(exc)))
+                work.aggregate_models(settings, run.suite, reference, wave, run.run_id)
+                done += wave
                 continue
-        done.append(model_id)
+            except Exception:  # noqa: BLE001 - one of these models: found below, one at a time
+                pass
+            for model_id in wave:
+                try:
+                    work.aggregate_model(settings, run.suite, reference, model_id, run.run_id, None)
+                except Exception as exc:  # noqa: BLE001 - this model only; the next run scores it
+                    logger.warning("%s: no result under reference %s yet: %s", model_id, version, redact(str(exc)))
+                    continue
+                done.append(model_id)
     logger.info("reference %s: results for %d models already scored by its scorer", version, len(done))
     return done
 
@@ -520,7 +541,11 @@ def nightly_flow(rejudge: bool = False) -> dict:
         run = Run(settings, suite, reference, record, spec, work.load_judge_setup(settings), rejudge)
         run.record.enter("discover", force=True)
         recover = set_aside_corrupt(run)  # models that lost a partition: ingested again below
-        plans = work.discover_models(settings, suite, reference)
+        try:
+            plans = work.discover_models(settings, suite, reference)
+        except LakeCorrupt:  # a file damaged in place since it was verified: every footer, as before
+            recover |= set_aside_corrupt(run, every_footer=True)
+            plans = work.discover_models(settings, suite, reference)
         for p in plans:
             if p.status == "invalid":
                 logger.error("skipping object-store folder %r: %s", p.model_id, p.detail)

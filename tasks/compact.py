@@ -250,6 +250,15 @@ def view_sql(root: Path, table: str, schema: pa.Schema, gen: int, files: list[Pa
 Stat = tuple[int, int, int]  # (inode, mtime_ns, size) of a truth file
 
 
+def stat_of(path: Path) -> Stat | None:
+    """``(inode, mtime_ns, size)`` of ``path``, None when it is not there."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_ino, st.st_mtime_ns, st.st_size)
+
+
 def _scan(root: Path, table: str, data_file: str, prefix: str) -> dict[str, Stat]:
     """Every model partition of ``table`` with its truth file's stat (no file is opened)."""
     out: dict[str, Stat] = {}

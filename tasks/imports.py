@@ -191,7 +191,8 @@ def import_scores_file(settings: Settings, suite: Suite, path: Path, scorer_name
             f"`imagebench reference build --version V --baseline FILE --scorer {scorer_name}`."
         )
         return summary
-    summary.aggregated = work.aggregate_models(settings, suite, reference, models, work.new_run_id())
+    known = {"hps_scores": pa.concat_tables([tables[m] for m in models])}  # what the lake now holds: not read back
+    summary.aggregated = work.aggregate_models(settings, suite, reference, models, work.new_run_id(), known=known)
     return summary
 
 
@@ -306,7 +307,8 @@ def import_verdicts_file(settings: Settings, suite: Suite, path: Path) -> Import
     work.for_each_model(lambda m: lake.write_partition("verdicts", m, tables[m]), models)
     summary = ImportSummary(rows_per_model={m: len(by_model[m]) for m in models})
     # Only the imported models' results are read: the cost of an import does not grow with the lake.
-    scored = set(work.read_models(lake, "model_scores", models)["model_id"].to_pylist())
+    results = work.read_models(lake, "model_scores", models)
+    scored = set(results["model_id"].to_pylist())
     todo = [m for m in models if m in scored]
     if not todo:
         summary.note = "verdicts recorded; Capability follows when the models are scored (`imagebench score`)."
@@ -316,5 +318,7 @@ def import_verdicts_file(settings: Settings, suite: Suite, path: Path) -> Import
     except RefError as exc:
         summary.note = f"verdicts recorded; Capability not recomputed: {exc}"
         return summary
-    summary.aggregated = work.aggregate_models(settings, suite, reference, todo, work.new_run_id())
+    # What the lake now holds, not read back: the verdicts just written, the results just read.
+    known = {"verdicts": pa.concat_tables([tables[m] for m in todo]), "model_scores": results}
+    summary.aggregated = work.aggregate_models(settings, suite, reference, todo, work.new_run_id(), known=known)
     return summary

@@ -115,6 +115,7 @@ _RUN_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
 
 _fsync_dir = compact.fsync_dir
+_SCHEMA_CHECKED: dict[Path, compact.Stat] = {}  # schema file -> its stat when this process found it right
 
 
 def _atomic_write_parquet(table: pa.Table, final: Path) -> None:
@@ -196,9 +197,13 @@ class Lake:
         missing or stale, so catalog views always have a file to read."""
         path = self.schema_file(table)
         schema = _schema_of(table)
-        if path.is_file():
+        stat = compact.stat_of(path)
+        if stat is not None and _SCHEMA_CHECKED.get(path) == stat:
+            return path  # this very file was checked by this process (every write asks: 1,000s per import)
+        if stat is not None:
             try:
                 if pq.read_schema(path).remove_metadata().equals(schema, check_metadata=False):
+                    _SCHEMA_CHECKED[path] = stat
                     return path
             except (pa.ArrowException, OSError):
                 pass  # unreadable: rewrite it, it holds no data

@@ -84,6 +84,11 @@ def validate_model_id(model_id: object) -> str:
     return model_id
 
 
+def is_model_id(name: object) -> bool:
+    """True when ``name`` passes :func:`validate_model_id` (for filtering; no error message)."""
+    return isinstance(name, str) and bool(MODEL_ID_RE.fullmatch(name)) and ".." not in name
+
+
 def parse_image_key(key: str) -> tuple[str, str, str]:
     """``models/<model_id>/<prompt_id>.<ext>`` -> ``(model_id, prompt_id, ext)``; ``ext`` lower-cased.
 

@@ -567,12 +567,12 @@ def _latest_verdicts_in(table: pa.Table, current_sha: dict[str, str | None]) -> 
     A verdict counts only for the image it judged: a replaced image has no verdict until judged
     again. Imported verdicts without an image hash count for whatever image is current.
     """
-    latest: dict[str, dict] = {}
-    for row in sorted(table.to_pylist(), key=lambda r: r["decided_at"]):
-        sha = row["image_sha256"]
-        if row["prompt_id"] in current_sha and (sha is None or sha == current_sha[row["prompt_id"]]):
-            latest[row["prompt_id"]] = row
-    return latest
+    prompts, shas, at = (table[c].to_pylist() for c in ("prompt_id", "image_sha256", "decided_at"))
+    latest: dict[str, int] = {}  # row index; only the winners become dicts (a stable sort, as before)
+    for i in sorted(range(len(prompts)), key=at.__getitem__):
+        if prompts[i] in current_sha and (shas[i] is None or shas[i] == current_sha[prompts[i]]):
+            latest[prompts[i]] = i
+    return dict(zip(latest, table.take(pa.array(list(latest.values()), pa.int64())).to_pylist()))
 
 
 def _latest_verdicts(settings: Settings, model_id: str, current_sha: dict[str, str | None]) -> dict[str, dict]:
@@ -587,12 +587,6 @@ def _recorded_fingerprint_in(model_scores: pa.Table, suite_version: str, referen
         if (r["suite_version"], r["reference_version"], r["scorer_id"]) == (suite_version, reference.version, reference.scorer_id):
             return r["source_fingerprint"]
     return None
-
-
-def _recorded_fingerprint(settings: Settings, model_id: str, suite_version: str, reference: ReferenceFile) -> str | None:
-    from tasks.lake import Lake
-
-    return _recorded_fingerprint_in(Lake(settings.lake_dir).read("model_scores", [model_id]), suite_version, reference)
 
 
 def split_by_model(table: pa.Table, model_ids: list[str]) -> dict[str, pa.Table]:
@@ -794,6 +788,7 @@ def aggregate_models(
     model_ids: list[str],
     run_id: str,
     fingerprints: dict[str, str | None] | None = None,
+    known: dict[str, pa.Table] | None = None,
 ) -> list[dict]:
     """EPS, Capability, Overall and their 95% intervals for each model -> its `model_scores` row
     (returned in the order of ``model_ids``).
@@ -806,6 +801,7 @@ def aggregate_models(
     then each model's partition is replaced on its own (atomic per model). A model that cannot
     be aggregated (e.g. HPSv3 scores missing) raises before anything is written.
     ``fingerprints``: model -> content fingerprint for imported scores (None: the recorded one).
+    ``known``: table -> these models' rows of it as the lake holds them (just written or read by the caller).
     """
     from tasks import stats
     from tasks.lake import Lake
@@ -817,12 +813,13 @@ def aggregate_models(
         return []
     lake = Lake(settings.lake_dir)
     imported = reference.scorer.source == "import"
-    scores_all = read_models(lake, "hps_scores", ids)
-    scores_all = scores_all.filter(pc.equal(scores_all["scorer_id"], reference.scorer_id))
-    scores = split_by_model(scores_all, ids)
-    verdicts = split_by_model(read_models(lake, "verdicts", ids), ids)
+    known = known or {}
+    scores_all = known["hps_scores"] if "hps_scores" in known else read_models(lake, "hps_scores", ids)
+    scores = split_by_model(scores_all.filter(pc.equal(scores_all["scorer_id"], reference.scorer_id)), ids)
+    verdicts = split_by_model(known["verdicts"] if "verdicts" in known else read_models(lake, "verdicts", ids), ids)
     images = None if imported else split_by_model(read_models(lake, "images", ids), ids)
-    recorded = split_by_model(read_models(lake, "model_scores", ids), ids) if imported else None
+    recorded = split_by_model(known["model_scores"] if "model_scores" in known else read_models(
+        lake, "model_scores", ids), ids) if imported else None
     mu_ref = load_reference_mu(reference)
     fingerprints = fingerprints or {}
     prepared = [
@@ -885,9 +882,9 @@ def current_scores(settings: Settings, model_ids: list[str], identity: ScorerIde
 
 def models_scored_by(settings: Settings, scorer_id: str) -> list[str]:
     """Models with at least one hps_scores row of ``scorer_id`` (sorted)."""
-    from tasks.lake import Lake
+    from tasks.lake_scan import models_with
 
-    return [m for m in Lake(settings.lake_dir).models("hps_scores") if _scores_for(settings, m, scorer_id).num_rows]
+    return models_with(settings.lake_dir, "hps_scores", "scorer_id", scorer_id)
 
 
 def reference_sha256(settings: Settings) -> str:
@@ -936,16 +933,16 @@ def discover_models(settings: Settings, suite: Suite, reference: ReferenceFile) 
     candidate: ingest hashes the bytes and :func:`classify` says what to do.
     """
     from tasks.lake import Lake
-    from tasks.storage import InvalidModelId, listing_fingerprint, validate_model_id
-
     from tasks.models import retired_models
+    from tasks.storage import InvalidModelId, is_model_id, listing_fingerprint, validate_model_id
 
     store = open_configured_store(settings)
-    results = _result_fingerprints(settings, suite, reference)
+    names = sorted(store.list_models())  # only these models' results are read: not the whole lake
+    results = _result_fingerprints(settings, suite, reference, [m for m in names if is_model_id(m)])
     lake = Lake(settings.lake_dir)
     retired = retired_models(lake)
     plans = []
-    for model_id in sorted(store.list_models()):
+    for model_id in names:
         try:
             validate_model_id(model_id)
         except InvalidModelId as exc:

@@ -37,6 +37,49 @@ def test_section_c_lists_no_processes():
     assert "Other processes in the tree" not in section_c and "tesseract" not in section_c
 
 
+def _bench_module(name: str):
+    sys.path.insert(0, str(BENCH))
+    try:
+        return __import__(name)
+    finally:
+        sys.path.remove(str(BENCH))
+
+
+def _import_run(models: int, total: float, cpu: float) -> dict:
+    phases = {"phases": {"bootstrap": 3.0, "catalog refresh": 2.0}, "fsync_thread_s": 1.5, "start_s": 1.0, "total_s": total / 2}
+    return {"models": models, "scores_s": total / 2, "verdicts_s": total / 2, "total_s": total, "cpu_s": cpu,
+            "ms_per_row": 1000 * total / (384 * models), "others_cpu": 0.0,
+            "phases": {"import-scores": phases, "import-verdicts": phases}}  # fmt: skip
+
+
+def test_section_h_reports_new_over_old_and_over_the_floor_and_where_the_time_goes():
+    bench_import = _bench_module("bench_import")
+    old, new = _import_run(1000, 80.0, 90.0), _import_run(1000, 40.0, 45.0)
+    res = {"prompts": 192, "old_models_n": 1000, "old": old, "new_same_n": new, "new": new,
+           "ratio_old_over_new_per_row": 2.0, "ratio_new_over_old": 0.5, "same_rows_as_old": {"hps_scores": True},
+           "rows_compared": {"hps_scores": 192000}, "floor": {"s": 2.0, "cpu_s": 2.5, "rows": 384000},
+           "ratio_new_over_floor": 20.0, "refresh_s_full_lake": 0.4}  # fmt: skip
+    page = "\n".join(bench_import.markdown(res))
+    assert "now / before **0.50x** wall, 0.50x CPU at 1,000 models" in page
+    assert "now / floor **20.0x** wall (18.0x CPU)" in page
+    assert "| bootstrap | - | - | 3.0 | 3.0 |" not in page  # before and now both have phases: 4 cells
+    assert "| bootstrap | 3.0 | 3.0 | 3.0 | 3.0 |" in page and "| os.fsync (thread-seconds) | 1.5 |" in page
+    assert page.count("| now | 1,000 |") == 1  # the run at the same N is the big run: listed once
+
+
+def test_section_i_nightly_reports_the_overhead_ratio_of_the_two_lakes():
+    nightly_lake = _bench_module("bench_nightly_lake")
+    run = lambda n, overhead, label: {  # noqa: E731
+        "label": label, "lake_models": n, "files_in_lake": 4 * n, "total_s": 20.0 + overhead, "own_work_s": 20.0,
+        "overhead_s": overhead, "stage_s": {"catalog": 1.0}, "wall_s": 40.0, "others": 0.0, "listing_ms": 2.0}
+    runs = [run(100, 5.0, "100-new-0"), run(10000, 6.0, "10000-new-0"), run(100, 9.0, "100-before"), run(10000, 60.0, "10000-before")]
+    res = {"small_n": 100, "big_n": 10000, "runs": runs, "ratio": 1.2, "overhead_big_s": 6.0,
+           "best": {"new-100": runs[0], "new-10000": runs[1], "before-100": runs[2], "before-10000": runs[3]}}
+    page = "\n".join(nightly_lake.markdown(res))
+    assert "**6.0 s at 10,000 models vs 5.0 s at 100: ratio 1.20x**" in page
+    assert "9.0 s and 60.0 s (6.67x)" in page
+
+
 def test_section_j_reports_p99_on_both_stores_and_nothing_lost_or_doubled():
     """(j), issue 16: the panel load benchmark's section names both stores with their p99 and
     shows no answer lost or doubled, and its summary row is in the summary table."""

@@ -229,6 +229,44 @@ def test_corrupt_lake_file_is_detected_set_aside_reported_and_recomputed(built_r
     assert str(victim) in previous["corrupt_files"][0]
 
 
+def test_a_file_damaged_in_place_after_the_last_check_is_still_caught_by_the_nightly(built_reference):
+    """The start check opens only files changed since the catalog refresh that read them whole
+    (tasks/lake_check.py). A file damaged afterwards in place, its size and mtime kept, is not
+    opened there; the first read of it (discovery reads every listed model's `images`) fails,
+    the nightly then checks every footer as before, sets the file aside, records it and
+    recomputes the model in the same run."""
+    from flows.pipeline import RunFailed, nightly_flow
+    from schemas.settings import load_settings
+    from tasks.lake import Lake
+    from tasks.lake_check import check_changed
+
+    settings = load_settings()
+    nightly_flow()  # ends with a catalog refresh: every file verified
+    lake = Lake(settings.lake_dir)
+    before = lake.read("images", ["base-a"]).select(["prompt_id", "image_sha256", "state"]).to_pylist()
+    victim = lake.partition_path("images", "base-a")
+    st = victim.stat()
+    data = bytearray(victim.read_bytes())
+    data[-40:-8] = b"\xff" * 32  # the footer's end, before its length and magic: same size
+    with open(victim, "r+b") as fh:
+        fh.write(data)
+    os.utime(victim, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert check_changed(lake).opened == 0  # the stat is the verified one: not opened at the start
+
+    with pytest.raises(RunFailed, match="corrupt"):
+        nightly_flow()
+    record = _runs(settings)[-1]
+    assert record["status"] == "failed"
+    assert len(record["corrupt_files"]) == 1 and str(victim) in record["corrupt_files"][0]
+    kept = list((settings.lake_dir / "_corrupt" / "images" / "model_id=base-a").glob("*.parquet"))
+    assert len(kept) == 1 and kept[0].read_bytes() == bytes(data)
+    # Ingested again in the same run: the same images as before, and a result for them.
+    after = lake.read("images", ["base-a"]).select(["prompt_id", "image_sha256", "state"]).to_pylist()
+    assert sorted(after, key=str) == sorted(before, key=str)
+    assert "base-a" in record["models_unchanged"] + record["models_replaced"] + record["models_new"]
+    assert nightly_flow()["corrupt_files"] == []
+
+
 # ---- disk full on the workspace ---------------------------------------------------------------
 
 

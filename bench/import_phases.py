@@ -1,0 +1,90 @@
+"""Run one `imagebench` command in this process and write where its time went (bench (h)).
+
+    import_phases.py OUT.json import-scores FILE --scorer NAME
+
+Wraps, before the command runs, the functions an import spends its time in and sums the wall
+seconds spent inside each (outermost calls only: a function called from another wrapped one is
+counted in both; see the markdown of bench_import.py for which contains which), plus the
+thread-seconds inside ``os.fsync`` (the writes run on 8 threads: fsync seconds overlap each other).
+A function the tree under test does not have is skipped. Run with PYTHONPATH = the tree under test.
+"""
+
+from __future__ import annotations
+
+import atexit
+import functools
+import json
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+
+PHASES = {
+    # (module, function): label
+    ("tasks.imports", "_read_any"): "read the file",
+    ("tasks.imports", "parse_scores"): "parse + check rows",
+    ("tasks.imports", "parse_verdicts"): "parse + check rows",
+    ("tasks.imports", "_check_all"): "validation (Great Expectations) of the new rows",
+    ("tasks.work", "for_each_model"): "write partitions (8 threads)",
+    ("tasks.work", "aggregate_models"): "aggregate (EPS, Capability, intervals)",
+    ("tasks.work", "read_models"): "read partitions back",
+    ("tasks.stats", "bootstrap_scores"): "bootstrap",
+    ("tasks.validation", "require_valid"): "validation (all Great Expectations calls)",
+    ("tasks.work", "refresh"): "catalog refresh",
+}
+
+
+def main(argv: list[str]) -> int:
+    import importlib
+
+    t0 = time.perf_counter()
+    out = Path(argv[0])
+    acc: dict[str, float] = {}
+    lock = threading.Lock()
+    fsync_s = [0.0]
+
+    def wrap(module, name: str, label: str) -> None:
+        f = getattr(module, name, None)
+        if f is None:
+            return
+
+        @functools.wraps(f)
+        def timed(*a, **k):
+            t = time.perf_counter()
+            try:
+                return f(*a, **k)
+            finally:
+                with lock:
+                    acc[label] = acc.get(label, 0.0) + time.perf_counter() - t
+
+        setattr(module, name, timed)
+
+    for (mod, name), label in PHASES.items():
+        wrap(importlib.import_module(mod), name, label)
+    real_fsync = os.fsync
+
+    def fsync(fd):
+        t = time.perf_counter()
+        try:
+            return real_fsync(fd)
+        finally:
+            with lock:
+                fsync_s[0] += time.perf_counter() - t
+
+    os.fsync = fsync
+    t_ready = time.perf_counter()
+
+    def write() -> None:
+        out.write_text(json.dumps({"phases": acc, "fsync_thread_s": fsync_s[0], "start_s": t_ready - t0,
+                                   "total_s": time.perf_counter() - t0}))
+
+    atexit.register(write)
+    sys.argv = ["imagebench", *argv[1:]]
+    from flows.cli import main as cli_main
+
+    return cli_main()
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
