@@ -420,7 +420,6 @@ def _crash_run(home: Path, model: str, needle: str | None = None, when: str = "a
     return subprocess.CompletedProcess(proc.args, proc.returncode, proc.log_path.read_text(errors="replace"))
 
 
-@pytest.mark.numeric
 def test_killed_at_every_kind_of_write_then_resumed_ends_with_the_same_lake(
     built_reference, tiny_model, tmp_path, monkeypatch
 ):
