@@ -213,8 +213,18 @@ def _encode(img: Image.Image, fmt: str) -> bytes:
     return buf.getvalue()
 
 
+def create_local_root(store) -> None:
+    """A local store the demo is about to fill exists before it is listed: listing a directory
+    that does not exist warns "treating it as empty", which a first demo run is not news."""
+    from tasks.storage import LocalStore
+
+    if isinstance(store, LocalStore):
+        store.root.mkdir(parents=True, exist_ok=True)
+
+
 def seed_store(store, prompts: Sequence[tuple[str, str]], models: Sequence[DemoModel]) -> dict[str, int]:
     """Write the demo models' objects into ``store`` unless already there. Returns objects written."""
+    create_local_root(store)
     photos = [load_photo(name) for name in DEMO_PHOTOS]
     written: dict[str, int] = {}
     existing = set(store.list_models())

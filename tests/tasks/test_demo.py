@@ -56,3 +56,19 @@ def test_the_real_ocr_judge_reads_the_clean_demo_models_text_and_not_the_blurred
     assert len(clean) == 15
     assert clean == {pid: "PASS" for pid in clean}, {k: verdicts[("demo-pristine", k)][1] for k, v in clean.items() if v != "PASS"}
     assert verdicts[("demo-blur-r3", "tr-signage-01")][0] == "FAIL"
+
+
+def test_seeding_a_new_local_store_warns_nothing(tmp_path, caplog):
+    """Issue 15, item 10: a first `make demo` printed "local object store ... does not exist:
+    treating it as empty" (for the store it was about to fill). Seeding creates it first."""
+    import logging
+
+    from tasks.demo import seed_store
+    from tasks.storage import LocalStore
+
+    store = LocalStore(tmp_path / "objects")
+    with caplog.at_level(logging.WARNING):
+        written = seed_store(store, [("p-01", 'a sign "HI"'), ("p-02", "a cat")], CONTENDERS[:1])
+    assert written == {CONTENDERS[0].model_id: 2}
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
+    assert store.list_models() == [CONTENDERS[0].model_id]
