@@ -1034,9 +1034,11 @@ def demo() -> None:
     """Seed demo models, build a demo reference, run the nightly flow, print the leaderboard."""
     with _user_errors():
         from flows.demo import run_demo
+        from flows.nextsteps import print_next_steps
 
         run_demo(err)
         leaderboard(fmt=OutputFormat.table, sort="rank")
+        print_next_steps(err)  # the exact commands to paste: `make demo` cannot put .venv/bin on PATH
 
 
 def main() -> None:
