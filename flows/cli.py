@@ -639,14 +639,17 @@ def compare(
 
 @app.command()
 def breakdown(
-    model: Annotated[str, typer.Option("--model", "-m")],
+    model: Annotated[str, typer.Option("--model", "-m", help="model id")],
     by: Annotated[str, typer.Option(help="category, subcategory, tag or difficulty")] = "category",
     fmt: Annotated[OutputFormat, typer.Option("--format")] = OutputFormat.table,
 ) -> None:
-    """Capability (PASS / decided) and EPS of one model per category, subcategory, tag or difficulty."""
+    """Capability (PASS / decided; a missing or quarantined image is a FAIL) and EPS of one model
+    per category, subcategory, tag or difficulty; the table's last row is the model's total."""
     with _user_errors():
-        if by not in ("category", "subcategory", "tag", "difficulty"):
-            raise CliError(f"--by {by!r}: choose category, subcategory, tag or difficulty")
+        from flows.cli_breakdown import BREAKDOWN_GROUPS, breakdown_rows
+
+        if by not in BREAKDOWN_GROUPS:
+            raise CliError(f"--by {by!r}: choose {', '.join(BREAKDOWN_GROUPS[:-1])} or {BREAKDOWN_GROUPS[-1]}")
         from tasks.storage import validate_model_id
 
         validate_model_id(model)  # before anything reads a path or a table named after it
@@ -654,24 +657,9 @@ def breakdown(
         from tasks.models import require_known
 
         require_known(settings, model)  # an unknown id: exit 1, nearest ids named
-        from tasks import stats, work
-        from tasks.views import model_prompts, paired_vectors
-
-        suite = work.load_pinned_suite(settings)
-        reference = work.load_verified_reference(settings, suite, None)
-        views = model_prompts(settings, suite, reference, model)
-        verdicts, contributions = paired_vectors(views, suite, reference)
-        judged = stats.judge_decided([v.state for v in views], verdicts)
-        groups = [getattr(p, by) for p in suite.prompts]
-        rows = []
-        for group, cap in stats.capability_breakdown(verdicts, groups, judged).items():
-            idx = [i for i, g in enumerate(groups) if g == group and suite.prompts[i].eps_eligible]
-            eps = 100.0 * float(sum(contributions[i] for i in idx)) / len(idx) if idx else None
-            # capability None: not judged (no judge verdict; missing-image FAILs alone are no figure)
-            rows.append([group, None if cap.capability != cap.capability else cap.capability, cap.counts, cap.judged,
-                         cap.passed, cap.failed, cap.undecided, cap.coverage, eps, len(idx)])
-        render([by, "capability", "decided", "judged", "pass", "fail", "undecided", "coverage", "eps", "eps_prompts"],
-               rows, fmt, title=f"{model} by {by}")
+        columns, rows, total = breakdown_rows(settings, model, by)
+        # The total (= the leaderboard's Capability) as a row of the table; csv/json carry the groups.
+        render(columns, rows + ([total] if fmt is OutputFormat.table else []), fmt, title=f"{model} by {by}")
 
 
 @app.command()
