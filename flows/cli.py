@@ -277,137 +277,8 @@ def score(
         _warn_uncalibrated(row["uncalibrated"], fmt)
 
 
-# ---- production mode: backfills on a Prefect server -----------------------------------------
-
-# "<flow name>/<deployment name>" of flows/deployments.py (not imported here: it loads the flows).
-BACKFILL_DEPLOYMENT = "score-model/backfill"
-BACKFILL_POLL_S = 2.0
-
-
-def _server_api_url(settings: Settings) -> tuple[str | None, str]:
-    """The Prefect API a backfill goes to, and where that came from; (None, "") in embedded mode.
-
-    In order: PREFECT_API_URL (environment, or the active Prefect profile), then the local server
-    that `imagebench serve --local-server` (`make serve`) is running for this workspace.
-    """
-    from flows.warm import embedded_api_url
-
-    embedded = embedded_api_url()  # a warm command's API is the embedded one, not a server
-    url = os.environ.get("PREFECT_API_URL", "").strip()
-    if url and url != embedded:
-        return url, "PREFECT_API_URL"
-    from prefect.settings import get_current_settings
-
-    url = (get_current_settings().api.url or "").strip()
-    if url and url != embedded:
-        return url, "PREFECT_API_URL in the Prefect settings"
-    from flows.server import API_URL_FILE, recorded_api_url, server_home
-
-    url = recorded_api_url(settings.home)
-    if url:
-        return url, f"the local server of `make serve`, {server_home(settings.home) / API_URL_FILE}"
-    return None, ""
-
-
-def _flow_run_url(flow_run) -> str | None:
-    from prefect.utilities.urls import url_for
-
-    try:
-        return url_for(flow_run)
-    except Exception:  # no UI URL known for this API
-        return None
-
-
-def _scores_of_run(settings: Settings, model: str, run_id: str, started) -> list[dict]:
-    """The model_scores row the run wrote, when this machine sees the same lake."""
-    from tasks.lake import Lake
-
-    try:
-        rows = Lake(settings.lake_dir).read("model_scores", [model]).to_pylist()
-    except Exception:
-        return []
-    mine = [r for r in rows if r.get("run_id") == run_id]
-    if not mine and started is not None:
-        mine = [r for r in rows if r["scored_at"] >= started]
-    return sorted(mine, key=lambda r: r["scored_at"])[-1:]
-
-
-def _run_artifacts(client, flow_run_id) -> list[str]:
-    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
-
-    try:
-        arts = client.read_artifacts(artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id])))
-    except Exception:
-        return []
-    return [str(a.data) for a in arts if a.type == "markdown" and a.data]
-
-
-def _backfill_on_server(
-    settings: Settings, api_url: str, source: str, parameters: dict, wait: bool, fmt: OutputFormat
-) -> None:
-    from prefect.client.orchestration import get_client
-    from prefect.deployments import run_deployment
-    from prefect.exceptions import ObjectNotFound
-    from prefect.settings import PREFECT_API_URL, temporary_settings
-
-    model = parameters["model_id"]
-    hint = "start the server and the deployments first (`make serve`), or run in this process with --local"
-    with temporary_settings(updates={PREFECT_API_URL: api_url}), get_client(sync_client=True) as client:
-        problem = client.api_healthcheck()
-        if problem is not None:
-            raise CliError(f"cannot reach the Prefect API at {api_url} (from {source}): {problem}; {hint}")
-        try:
-            deployment = client.read_deployment_by_name(BACKFILL_DEPLOYMENT)
-        except ObjectNotFound:
-            raise CliError(
-                f"no deployment {BACKFILL_DEPLOYMENT!r} on the Prefect server at {api_url}: {hint} "
-                "(or register prefect.yaml's deployments for GPU workers: docs/OPERATIONS.md)"
-            ) from None
-        err.print(f"production mode: Prefect server at {api_url} (from {source})", highlight=False, soft_wrap=True)
-        flow_run = run_deployment(BACKFILL_DEPLOYMENT, parameters=parameters, timeout=0, as_subflow=False,
-                                  tags=["backfill"])
-        url = _flow_run_url(flow_run)
-        err.print(
-            f"backfill of {model}: flow run {flow_run.name} ({flow_run.id}) of {BACKFILL_DEPLOYMENT} created"
-            + (f"\n  {url}" if url else ""), highlight=False, soft_wrap=True,
-        )
-        status = getattr(deployment, "status", None)
-        if status is not None and str(getattr(status, "value", status)).upper() == "NOT_READY":
-            err.print(
-                f"[yellow]nothing is polling {BACKFILL_DEPLOYMENT} right now (no `imagebench serve` or worker): "
-                "the run waits, Scheduled, until one starts[/]"
-            )
-        if not wait:
-            err.print(f"not waiting (--wait waits and prints the scores): prefect flow-run inspect {flow_run.id}",
-                      highlight=False, soft_wrap=True)
-            return
-        import time
-
-        seen = None
-        try:
-            while True:
-                flow_run = client.read_flow_run(flow_run.id)
-                state = flow_run.state
-                if state is not None and state.name != seen:
-                    seen = state.name
-                    err.print(f"  {model}: {state.name}", highlight=False, soft_wrap=True)
-                if state is not None and state.is_final():
-                    break
-                time.sleep(BACKFILL_POLL_S)
-        except KeyboardInterrupt:
-            err.print(f"[yellow]stopped waiting; flow run {flow_run.id} goes on on the server[/]" + (f": {url}" if url else ""))
-            raise typer.Exit(130) from None
-        if not state.is_completed():
-            raise CliError(f"backfill of {model} ended {state.name}: {state.message or 'no message'}"
-                           + (f" ({url})" if url else ""))
-        rows = _scores_of_run(settings, model, str(flow_run.id), flow_run.start_time)
-        if rows:
-            _print_rows(rows, fmt, f"backfill {model}")
-            _warn_uncalibrated(bool(rows[0].get("uncalibrated")), fmt)
-        else:
-            err.print(f"completed; the scores are in the lake of the machine that ran it (not {settings.lake_dir}):")
-            for text in _run_artifacts(client, flow_run.id):
-                err.print(text, markup=False, highlight=False, soft_wrap=True)
+# ---- production mode: backfills on a Prefect server (flows/cli_backfill.py) ----------------
+from flows.cli_backfill import BACKFILL_DEPLOYMENT  # noqa: E402,F401  (light: no Prefect import)
 
 
 @app.command()
@@ -439,12 +310,14 @@ def backfill(
                 raise CliError(f"{flag} {value!r} is not a valid version name (letters, digits, '.', '_', '-')")
         settings = _settings()
         _prefect(settings)
-        api_url, source = (None, "") if local else _server_api_url(settings)
+        from flows.cli_backfill import backfill_on_server, server_api_url
+
+        api_url, source = (None, "") if local else server_api_url(settings)
         parameters = {"model_id": model, "rejudge": rejudge}
         parameters.update({k: v for k, v in (("suite_version", suite_version), ("reference_version", reference_version),
                                              ("scorer_name", scorer)) if v is not None})
         if api_url:
-            _backfill_on_server(settings, api_url, source, parameters, wait, fmt)
+            backfill_on_server(settings, api_url, source, parameters, wait, fmt)
             return
         why = "--local" if local else "embedded mode: no Prefect server configured (PREFECT_API_URL unset, `make serve` not running)"
         _precheck(settings.model_copy(update={k: v for k, v in (
