@@ -708,32 +708,29 @@ def leaderboard(
             err.print("[yellow]incomplete (complete = false): missing or quarantined images counted as losses[/]")
 
 
-RUNS_TABLE_COLUMNS = (
-    "run_id", "flow", "status", "stage", "started_at", "total_s", "models_new", "models_incremental",
-    "models_replaced", "models_errored", "models_busy", "hps_images_scored", "verdicts_decided", "errors",
-)
-
-
 @app.command()
 def runs(
     limit: Annotated[int, typer.Option("--limit", "-n", min=1, help="how many runs, newest first")] = 10,
     fmt: Annotated[OutputFormat, typer.Option("--format")] = OutputFormat.table,
 ) -> None:
-    """The latest run records: what each run discovered, scored, skipped and errored, and how
-    long each stage took (every column with --format json|csv)."""
+    """The latest run records: what each run discovered, scored, found up to date, skipped and
+    errored, and how long each stage took (every column with --format json|csv)."""
     with _user_errors():
         settings = _settings()
+        from flows.output import runs_table
         from tasks.lake import Lake
         from tasks.runstate import settle_crashed
 
         settle_crashed(settings.home, settings.lake_dir)  # a running record whose process is gone: crashed
         table = Lake(settings.lake_dir).read_runs().sort_by([("started_at", "descending")]).slice(0, limit)
-        names = list(RUNS_TABLE_COLUMNS) if fmt is OutputFormat.table else table.column_names
-        rows = [tuple(r[c] for c in names) for r in table.select(names).to_pylist()]
-        if fmt is OutputFormat.table:  # lists of models as counts: the terminal stays readable
-            rows = [tuple((", ".join(v) if len(v) <= 2 else f"{len(v)}") if isinstance(v, list) else v for v in r) for r in rows]
+        if fmt is OutputFormat.table:
+            records = table.to_pylist()
+            names, rows = runs_table(records)
+        else:
+            names = table.column_names
+            rows = [tuple(r[c] for c in names) for r in table.to_pylist()]
         render(names, rows, fmt, title="imagebench runs")
-        if fmt is OutputFormat.table and any(r[names.index("status")] in ("failed", "crashed") for r in rows):
+        if fmt is OutputFormat.table and any(r["status"] in ("failed", "crashed") for r in records):
             err.print("[red]failed or crashed runs: see their error (imagebench runs --format json)[/]")
 
 
