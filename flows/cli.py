@@ -508,6 +508,7 @@ def compare(
             fmt,
             title=f"{model_a} vs {model_b} ({axis}, paired over prompts)",
         )
+        _warn_uncalibrated(axis != "capability" and reference.scorer.uncalibrated, fmt)  # EPS from demo weights
 
 
 @app.command()
@@ -530,9 +531,10 @@ def breakdown(
         from tasks.models import require_known
 
         require_known(settings, model)  # an unknown id: exit 1, nearest ids named
-        columns, rows, total = breakdown_rows(settings, model, by)
+        columns, rows, total, uncalibrated = breakdown_rows(settings, model, by)
         # The total (= the leaderboard's Capability) as a row of the table; csv/json carry the groups.
         render(columns, rows + ([total] if fmt is OutputFormat.table else []), fmt, title=f"{model} by {by}")
+        _warn_uncalibrated(uncalibrated, fmt)
 
 
 @app.command()
@@ -598,6 +600,9 @@ def reference_build(
         with _progress():
             path = reference_build_flow(version, models, scorer_name=scorer)
         err.print(f"[green]reference {version} written to {path} and pinned in SHA256SUMS[/]")
+        import json
+
+        _warn_uncalibrated(bool(json.loads(Path(path).read_text())["scorer"].get("uncalibrated")), OutputFormat.table)
 
 
 @reference_app.command("verify")
@@ -653,6 +658,7 @@ def reference_canary(
         ]
         _print_rows(rows, fmt, f"golden-set canary: reference {ref.version}")
         err.print(("[green]ok[/]: " if result.passed else "[red]DRIFT[/]: ") + escape(result.describe()), highlight=False)
+        _warn_uncalibrated(ref.scorer.uncalibrated, fmt)
         if not result.passed:
             raise typer.Exit(1)
 
@@ -701,9 +707,9 @@ def leaderboard(
             _catalog_or_exit(settings), f"SELECT {select} FROM leaderboard lb ORDER BY {sort}, lb.model_id"
         )
         render(columns, rows, fmt, title="imagebench leaderboard")
-        if "uncalibrated" in columns:
-            i = columns.index("uncalibrated")
-            _warn_uncalibrated(any(r[i] for r in rows), fmt)
+        flagged = "uncalibrated" in columns and any(r[columns.index("uncalibrated")] for r in rows)
+        _warn_uncalibrated(flagged or ("flags" in columns and any("UNCALIBRATED" in (r[columns.index("flags")] or "")
+                                                                  for r in rows)), fmt)
         if "flags" in columns and any("incomplete" in (r[columns.index("flags")] or "") for r in rows):
             err.print("[yellow]incomplete (complete = false): missing or quarantined images counted as losses[/]")
 

@@ -10,9 +10,10 @@ BREAKDOWN_COLUMNS = ("capability", "pass", "fail", "fail_no_image", "undecided",
                      "coverage", "eps", "eps_prompts")
 
 
-def breakdown_rows(settings: Settings, model: str, by: str) -> tuple[list[str], list[list], list]:
-    """(columns, one row per group, the total row). ``fail`` counts every FAIL the headline counts:
-    those of a judge and the missing or quarantined images (``fail_no_image``, FAIL by rule)."""
+def breakdown_rows(settings: Settings, model: str, by: str) -> tuple[list[str], list[list], list, bool]:
+    """(columns, one row per group, the total row, whether its EPS comes from uncalibrated demo
+    weights). ``fail`` counts every FAIL the headline counts: those of a judge and the missing or
+    quarantined images (``fail_no_image``, FAIL by rule)."""
     from tasks import work
     from tasks.breakdown import capability_by_group
     from tasks.views import model_prompts, paired_vectors
@@ -31,4 +32,4 @@ def breakdown_rows(settings: Settings, model: str, by: str) -> tuple[list[str], 
                 g.prompts, g.coverage, eps, len(elig)]
 
     rows = [row(g, [i for i, x in enumerate(groups) if x == g.group]) for g in per_group]
-    return [by, *BREAKDOWN_COLUMNS], rows, row(total, list(range(len(groups))))
+    return [by, *BREAKDOWN_COLUMNS], rows, row(total, list(range(len(groups)))), bool(reference.scorer.uncalibrated)
