@@ -277,137 +277,8 @@ def score(
         _warn_uncalibrated(row["uncalibrated"], fmt)
 
 
-# ---- production mode: backfills on a Prefect server -----------------------------------------
-
-# "<flow name>/<deployment name>" of flows/deployments.py (not imported here: it loads the flows).
-BACKFILL_DEPLOYMENT = "score-model/backfill"
-BACKFILL_POLL_S = 2.0
-
-
-def _server_api_url(settings: Settings) -> tuple[str | None, str]:
-    """The Prefect API a backfill goes to, and where that came from; (None, "") in embedded mode.
-
-    In order: PREFECT_API_URL (environment, or the active Prefect profile), then the local server
-    that `imagebench serve --local-server` (`make serve`) is running for this workspace.
-    """
-    from flows.warm import embedded_api_url
-
-    embedded = embedded_api_url()  # a warm command's API is the embedded one, not a server
-    url = os.environ.get("PREFECT_API_URL", "").strip()
-    if url and url != embedded:
-        return url, "PREFECT_API_URL"
-    from prefect.settings import get_current_settings
-
-    url = (get_current_settings().api.url or "").strip()
-    if url and url != embedded:
-        return url, "PREFECT_API_URL in the Prefect settings"
-    from flows.server import API_URL_FILE, recorded_api_url, server_home
-
-    url = recorded_api_url(settings.home)
-    if url:
-        return url, f"the local server of `make serve`, {server_home(settings.home) / API_URL_FILE}"
-    return None, ""
-
-
-def _flow_run_url(flow_run) -> str | None:
-    from prefect.utilities.urls import url_for
-
-    try:
-        return url_for(flow_run)
-    except Exception:  # no UI URL known for this API
-        return None
-
-
-def _scores_of_run(settings: Settings, model: str, run_id: str, started) -> list[dict]:
-    """The model_scores row the run wrote, when this machine sees the same lake."""
-    from tasks.lake import Lake
-
-    try:
-        rows = Lake(settings.lake_dir).read("model_scores", [model]).to_pylist()
-    except Exception:
-        return []
-    mine = [r for r in rows if r.get("run_id") == run_id]
-    if not mine and started is not None:
-        mine = [r for r in rows if r["scored_at"] >= started]
-    return sorted(mine, key=lambda r: r["scored_at"])[-1:]
-
-
-def _run_artifacts(client, flow_run_id) -> list[str]:
-    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
-
-    try:
-        arts = client.read_artifacts(artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id])))
-    except Exception:
-        return []
-    return [str(a.data) for a in arts if a.type == "markdown" and a.data]
-
-
-def _backfill_on_server(
-    settings: Settings, api_url: str, source: str, parameters: dict, wait: bool, fmt: OutputFormat
-) -> None:
-    from prefect.client.orchestration import get_client
-    from prefect.deployments import run_deployment
-    from prefect.exceptions import ObjectNotFound
-    from prefect.settings import PREFECT_API_URL, temporary_settings
-
-    model = parameters["model_id"]
-    hint = "start the server and the deployments first (`make serve`), or run in this process with --local"
-    with temporary_settings(updates={PREFECT_API_URL: api_url}), get_client(sync_client=True) as client:
-        problem = client.api_healthcheck()
-        if problem is not None:
-            raise CliError(f"cannot reach the Prefect API at {api_url} (from {source}): {problem}; {hint}")
-        try:
-            deployment = client.read_deployment_by_name(BACKFILL_DEPLOYMENT)
-        except ObjectNotFound:
-            raise CliError(
-                f"no deployment {BACKFILL_DEPLOYMENT!r} on the Prefect server at {api_url}: {hint} "
-                "(or register prefect.yaml's deployments for GPU workers: docs/OPERATIONS.md)"
-            ) from None
-        err.print(f"production mode: Prefect server at {api_url} (from {source})", highlight=False, soft_wrap=True)
-        flow_run = run_deployment(BACKFILL_DEPLOYMENT, parameters=parameters, timeout=0, as_subflow=False,
-                                  tags=["backfill"])
-        url = _flow_run_url(flow_run)
-        err.print(
-            f"backfill of {model}: flow run {flow_run.name} ({flow_run.id}) of {BACKFILL_DEPLOYMENT} created"
-            + (f"\n  {url}" if url else ""), highlight=False, soft_wrap=True,
-        )
-        status = getattr(deployment, "status", None)
-        if status is not None and str(getattr(status, "value", status)).upper() == "NOT_READY":
-            err.print(
-                f"[yellow]nothing is polling {BACKFILL_DEPLOYMENT} right now (no `imagebench serve` or worker): "
-                "the run waits, Scheduled, until one starts[/]"
-            )
-        if not wait:
-            err.print(f"not waiting (--wait waits and prints the scores): prefect flow-run inspect {flow_run.id}",
-                      highlight=False, soft_wrap=True)
-            return
-        import time
-
-        seen = None
-        try:
-            while True:
-                flow_run = client.read_flow_run(flow_run.id)
-                state = flow_run.state
-                if state is not None and state.name != seen:
-                    seen = state.name
-                    err.print(f"  {model}: {state.name}", highlight=False, soft_wrap=True)
-                if state is not None and state.is_final():
-                    break
-                time.sleep(BACKFILL_POLL_S)
-        except KeyboardInterrupt:
-            err.print(f"[yellow]stopped waiting; flow run {flow_run.id} goes on on the server[/]" + (f": {url}" if url else ""))
-            raise typer.Exit(130) from None
-        if not state.is_completed():
-            raise CliError(f"backfill of {model} ended {state.name}: {state.message or 'no message'}"
-                           + (f" ({url})" if url else ""))
-        rows = _scores_of_run(settings, model, str(flow_run.id), flow_run.start_time)
-        if rows:
-            _print_rows(rows, fmt, f"backfill {model}")
-            _warn_uncalibrated(bool(rows[0].get("uncalibrated")), fmt)
-        else:
-            err.print(f"completed; the scores are in the lake of the machine that ran it (not {settings.lake_dir}):")
-            for text in _run_artifacts(client, flow_run.id):
-                err.print(text, markup=False, highlight=False, soft_wrap=True)
+# ---- production mode: backfills on a Prefect server (flows/cli_backfill.py) ----------------
+from flows.cli_backfill import BACKFILL_DEPLOYMENT  # noqa: E402,F401  (light: no Prefect import)
 
 
 @app.command()
@@ -439,12 +310,14 @@ def backfill(
                 raise CliError(f"{flag} {value!r} is not a valid version name (letters, digits, '.', '_', '-')")
         settings = _settings()
         _prefect(settings)
-        api_url, source = (None, "") if local else _server_api_url(settings)
+        from flows.cli_backfill import backfill_on_server, server_api_url
+
+        api_url, source = (None, "") if local else server_api_url(settings)
         parameters = {"model_id": model, "rejudge": rejudge}
         parameters.update({k: v for k, v in (("suite_version", suite_version), ("reference_version", reference_version),
                                              ("scorer_name", scorer)) if v is not None})
         if api_url:
-            _backfill_on_server(settings, api_url, source, parameters, wait, fmt)
+            backfill_on_server(settings, api_url, source, parameters, wait, fmt)
             return
         why = "--local" if local else "embedded mode: no Prefect server configured (PREFECT_API_URL unset, `make serve` not running)"
         _precheck(settings.model_copy(update={k: v for k, v in (
@@ -635,18 +508,22 @@ def compare(
             fmt,
             title=f"{model_a} vs {model_b} ({axis}, paired over prompts)",
         )
+        _warn_uncalibrated(axis != "capability" and reference.scorer.uncalibrated, fmt)  # EPS from demo weights
 
 
 @app.command()
 def breakdown(
-    model: Annotated[str, typer.Option("--model", "-m")],
+    model: Annotated[str, typer.Option("--model", "-m", help="model id")],
     by: Annotated[str, typer.Option(help="category, subcategory, tag or difficulty")] = "category",
     fmt: Annotated[OutputFormat, typer.Option("--format")] = OutputFormat.table,
 ) -> None:
-    """Capability (PASS / decided) and EPS of one model per category, subcategory, tag or difficulty."""
+    """Capability (PASS / decided; a missing or quarantined image is a FAIL) and EPS of one model
+    per category, subcategory, tag or difficulty; the table's last row is the model's total."""
     with _user_errors():
-        if by not in ("category", "subcategory", "tag", "difficulty"):
-            raise CliError(f"--by {by!r}: choose category, subcategory, tag or difficulty")
+        from flows.cli_breakdown import BREAKDOWN_GROUPS, breakdown_rows
+
+        if by not in BREAKDOWN_GROUPS:
+            raise CliError(f"--by {by!r}: choose {', '.join(BREAKDOWN_GROUPS[:-1])} or {BREAKDOWN_GROUPS[-1]}")
         from tasks.storage import validate_model_id
 
         validate_model_id(model)  # before anything reads a path or a table named after it
@@ -654,24 +531,10 @@ def breakdown(
         from tasks.models import require_known
 
         require_known(settings, model)  # an unknown id: exit 1, nearest ids named
-        from tasks import stats, work
-        from tasks.views import model_prompts, paired_vectors
-
-        suite = work.load_pinned_suite(settings)
-        reference = work.load_verified_reference(settings, suite, None)
-        views = model_prompts(settings, suite, reference, model)
-        verdicts, contributions = paired_vectors(views, suite, reference)
-        judged = stats.judge_decided([v.state for v in views], verdicts)
-        groups = [getattr(p, by) for p in suite.prompts]
-        rows = []
-        for group, cap in stats.capability_breakdown(verdicts, groups, judged).items():
-            idx = [i for i, g in enumerate(groups) if g == group and suite.prompts[i].eps_eligible]
-            eps = 100.0 * float(sum(contributions[i] for i in idx)) / len(idx) if idx else None
-            # capability None: not judged (no judge verdict; missing-image FAILs alone are no figure)
-            rows.append([group, None if cap.capability != cap.capability else cap.capability, cap.counts, cap.judged,
-                         cap.passed, cap.failed, cap.undecided, cap.coverage, eps, len(idx)])
-        render([by, "capability", "decided", "judged", "pass", "fail", "undecided", "coverage", "eps", "eps_prompts"],
-               rows, fmt, title=f"{model} by {by}")
+        columns, rows, total, uncalibrated = breakdown_rows(settings, model, by)
+        # The total (= the leaderboard's Capability) as a row of the table; csv/json carry the groups.
+        render(columns, rows + ([total] if fmt is OutputFormat.table else []), fmt, title=f"{model} by {by}")
+        _warn_uncalibrated(uncalibrated, fmt)
 
 
 @app.command()
@@ -734,6 +597,9 @@ def reference_build(
         with _progress():
             path = reference_build_flow(version, models, scorer_name=scorer)
         err.print(f"[green]reference {version} written to {path} and pinned in SHA256SUMS[/]")
+        import json
+
+        _warn_uncalibrated(bool(json.loads(Path(path).read_text())["scorer"].get("uncalibrated")), OutputFormat.table)
 
 
 @reference_app.command("verify")
@@ -789,6 +655,7 @@ def reference_canary(
         ]
         _print_rows(rows, fmt, f"golden-set canary: reference {ref.version}")
         err.print(("[green]ok[/]: " if result.passed else "[red]DRIFT[/]: ") + escape(result.describe()), highlight=False)
+        _warn_uncalibrated(ref.scorer.uncalibrated, fmt)
         if not result.passed:
             raise typer.Exit(1)
 
@@ -837,17 +704,11 @@ def leaderboard(
             _catalog_or_exit(settings), f"SELECT {select} FROM leaderboard lb ORDER BY {sort}, lb.model_id"
         )
         render(columns, rows, fmt, title="imagebench leaderboard")
-        if "uncalibrated" in columns:
-            i = columns.index("uncalibrated")
-            _warn_uncalibrated(any(r[i] for r in rows), fmt)
+        flagged = "uncalibrated" in columns and any(r[columns.index("uncalibrated")] for r in rows)
+        _warn_uncalibrated(flagged or ("flags" in columns and any("UNCALIBRATED" in (r[columns.index("flags")] or "")
+                                                                  for r in rows)), fmt)
         if "flags" in columns and any("incomplete" in (r[columns.index("flags")] or "") for r in rows):
             err.print("[yellow]incomplete (complete = false): missing or quarantined images counted as losses[/]")
-
-
-RUNS_TABLE_COLUMNS = (
-    "run_id", "flow", "status", "stage", "started_at", "total_s", "models_new", "models_incremental",
-    "models_replaced", "models_errored", "models_busy", "hps_images_scored", "verdicts_decided", "errors",
-)
 
 
 @app.command()
@@ -855,21 +716,24 @@ def runs(
     limit: Annotated[int, typer.Option("--limit", "-n", min=1, help="how many runs, newest first")] = 10,
     fmt: Annotated[OutputFormat, typer.Option("--format")] = OutputFormat.table,
 ) -> None:
-    """The latest run records: what each run discovered, scored, skipped and errored, and how
-    long each stage took (every column with --format json|csv)."""
+    """The latest run records: what each run discovered, scored, found up to date, skipped and
+    errored, and how long each stage took (every column with --format json|csv)."""
     with _user_errors():
         settings = _settings()
+        from flows.output import runs_table
         from tasks.lake import Lake
         from tasks.runstate import settle_crashed
 
         settle_crashed(settings.home, settings.lake_dir)  # a running record whose process is gone: crashed
         table = Lake(settings.lake_dir).read_runs().sort_by([("started_at", "descending")]).slice(0, limit)
-        names = list(RUNS_TABLE_COLUMNS) if fmt is OutputFormat.table else table.column_names
-        rows = [tuple(r[c] for c in names) for r in table.select(names).to_pylist()]
-        if fmt is OutputFormat.table:  # lists of models as counts: the terminal stays readable
-            rows = [tuple((", ".join(v) if len(v) <= 2 else f"{len(v)}") if isinstance(v, list) else v for v in r) for r in rows]
+        if fmt is OutputFormat.table:
+            records = table.to_pylist()
+            names, rows = runs_table(records)
+        else:
+            names = table.column_names
+            rows = [tuple(r[c] for c in names) for r in table.to_pylist()]
         render(names, rows, fmt, title="imagebench runs")
-        if fmt is OutputFormat.table and any(r[names.index("status")] in ("failed", "crashed") for r in rows):
+        if fmt is OutputFormat.table and any(r["status"] in ("failed", "crashed") for r in records):
             err.print("[red]failed or crashed runs: see their error (imagebench runs --format json)[/]")
 
 
@@ -1031,9 +895,11 @@ def demo() -> None:
     """Seed demo models, build a demo reference, run the nightly flow, print the leaderboard."""
     with _user_errors():
         from flows.demo import run_demo
+        from flows.nextsteps import print_next_steps
 
         run_demo(err)
         leaderboard(fmt=OutputFormat.table, sort="rank")
+        print_next_steps(err)  # the exact commands to paste: `make demo` cannot put .venv/bin on PATH
 
 
 def main() -> None:

@@ -67,6 +67,7 @@ def models_list(
         rows = list_models(settings, _store_models(settings, cli.err))
         if fmt is not OutputFormat.table:
             render(LIST_COLUMNS, [[r[c] for c in LIST_COLUMNS] for r in rows], fmt, title="imagebench models")
+            cli._warn_uncalibrated(any(r["uncalibrated"] for r in rows), fmt)
             return
         table = []
         for r in rows:
@@ -80,6 +81,7 @@ def models_list(
                 None if r["capability"] is None else round(r["capability"], 1), retired,
             ])
         render(TABLE_COLUMNS, table, fmt, title=f"imagebench models (reference {settings.reference_version})")
+        cli._warn_uncalibrated(any(r["uncalibrated"] for r in rows), fmt)
 
 
 def _record(event: str, model: str, reason: str, by: str | None) -> None:

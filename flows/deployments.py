@@ -103,12 +103,29 @@ def build_deployments() -> list:
     return [nightly, backfill]
 
 
+# A served run is a child process of `imagebench serve`, which keeps Prefect's loggers at WARNING
+# (flows/env.py: a quiet terminal); the runs' own loggers still send INFO, what they scored and
+# their run record, to the server, whose UI shows it under the run's Logs (issue 15, item 8).
+RUN_LOGS_ENV = {
+    "PREFECT_LOGGING_LOGGERS_PREFECT_FLOW_RUNS_LEVEL": "INFO",
+    "PREFECT_LOGGING_LOGGERS_PREFECT_TASK_RUNS_LEVEL": "INFO",
+    "PREFECT_LOGGING_TO_API_ENABLED": "true",
+}
+
+
+def ship_run_logs() -> None:
+    """The environment the served runs inherit: their logs go to the API (a user's own setting wins)."""
+    for key, value in RUN_LOGS_ENV.items():
+        os.environ.setdefault(key, value)
+
+
 def serve_deployments(print_starting_message: bool = True, runner=None) -> None:
     """Serve both deployments from this process until SIGTERM / Ctrl-C (Prefect's Runner).
 
     ``runner``: a :class:`prefect.runner.Runner` to serve with (the caller keeps a handle on it,
     e.g. to skip pausing the schedules when the server is gone); default: :func:`prefect.serve`.
     """
+    ship_run_logs()
     if runner is None:
         serve(*build_deployments(), print_starting_message=print_starting_message)
         return

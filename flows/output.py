@@ -119,3 +119,38 @@ def nightly_line(summary: dict) -> str:
         parts.append(("without a result (see `imagebench runs`)", left))
     shown = [f"{n} {label}" for label, n in parts if n or label == "scored"]
     return f"nightly: {discovered} models discovered: " + ", ".join(shown)
+
+
+# `imagebench runs` as a person reads it: what each run found and did, as counts, and where its
+# time went (every column of the run record with --format csv|json).
+RUNS_TABLE = ("run", "flow", "status", "started", "took_s", "discovered", "scored", "up_to_date", "skipped",
+              "errored", "images_scored", "verdicts", "stage_s")
+STAGE_NAMES = ("ingest", "hpsv3", "judge", "commit", "catalog")  # schemas.lake.STAGES (not imported: light)
+
+
+def runs_table(records: Sequence[dict]) -> tuple[list[str], list[list[Any]]]:
+    """One row per run record: ``scored`` counts new, incremental and replaced models;
+    ``up_to_date`` the models with nothing to score (up to date, or unchanged content);
+    ``skipped`` the busy and invalid ones; ``stage_s`` the seconds of each stage the run spent
+    time in. A run that did not complete says at which stage it stopped."""
+
+    def n(record: dict, *keys: str) -> int:
+        return sum(len(record.get(f"models_{k}") or []) for k in keys)
+
+    rows = []
+    for r in records:
+        status = r.get("status") or ""
+        if status != "completed" and r.get("stage"):
+            status = f"{status} at {r['stage']}"
+        started = r.get("started_at")
+        seconds = [(s, float(r.get(f"{s}_s") or 0)) for s in STAGE_NAMES]
+        stages = [f"{s} {v:.0f}" if v >= 10 else f"{s} {v:.1f}" for s, v in seconds if v > 0]
+        rows.append([
+            str(r.get("run_id") or "")[:8], r.get("flow"), status,
+            started.strftime("%Y-%m-%d %H:%M") if isinstance(started, dt.datetime) else started,
+            None if r.get("total_s") is None else round(float(r["total_s"])),
+            r.get("models_discovered"), n(r, "new", "incremental", "replaced"), n(r, "up_to_date", "unchanged"),
+            n(r, "busy", "invalid"), n(r, "errored"), r.get("hps_images_scored"), r.get("verdicts_decided"),
+            ", ".join(stages) or "-",
+        ])
+    return list(RUNS_TABLE), rows

@@ -133,14 +133,24 @@ def _font(size: int) -> ImageFont.ImageFont:
     return ImageFont.load_default(size=size)
 
 
+TEXT_WASH = 0.75  # how far a text prompt's photo is faded to white behind its strings
+TEXT_SIZE = 22  # px
+
+
 def with_text(img: Image.Image, strings: Sequence[str]) -> Image.Image:
-    """The prompt's exact strings printed on a white panel, one per line, so the offline OCR
-    judge has real text to read (and degraded models lose it, as blurry generators do)."""
+    """The prompt's exact strings printed in black on the photo faded to a pale poster
+    background, one per line, so the offline OCR judge has real text to read (and degraded
+    models lose it, as blurry generators do).
+
+    Why faded, not a white box over the photo: Tesseract's page segmentation read nothing at
+    all from a white box over a dark photo (tr-signage-01 "FRESH EGGS" over the night-sky
+    rocket failed for every demo model); over a pale background it reads every string of the
+    pristine models. Text Rendering prompts are not EPS-eligible, so HPSv3 never weighs this."""
     if not strings:
         return img
-    img = img.copy()
+    img = Image.blend(img.convert("RGB"), Image.new("RGB", img.size, (255, 255, 255)), TEXT_WASH)
     draw = ImageDraw.Draw(img)
-    font = _font(22)
+    font = _font(TEXT_SIZE)
     lines: list[str] = []
     for text in strings:  # wrap long strings on word boundaries
         words, line = text.split(), ""
@@ -152,11 +162,9 @@ def with_text(img: Image.Image, strings: Sequence[str]) -> Image.Image:
             else:
                 line = trial
         lines.append(line)
-    height = 30 * len(lines) + 12
-    top = max(0, (DEMO_SIDE - height) // 2)
-    draw.rectangle((6, top, DEMO_SIDE - 6, top + height), fill=(255, 255, 255))
+    top = max(0, (DEMO_SIDE - 30 * len(lines)) // 2)
     for i, line in enumerate(lines):
-        draw.text((14, top + 8 + 30 * i), line, fill=(0, 0, 0), font=font)
+        draw.text((14, top + 30 * i), line, fill=(0, 0, 0), font=font)
     return img
 
 
@@ -205,8 +213,18 @@ def _encode(img: Image.Image, fmt: str) -> bytes:
     return buf.getvalue()
 
 
+def create_local_root(store) -> None:
+    """A local store the demo is about to fill exists before it is listed: listing a directory
+    that does not exist warns "treating it as empty", which a first demo run is not news."""
+    from tasks.storage import LocalStore
+
+    if isinstance(store, LocalStore):
+        store.root.mkdir(parents=True, exist_ok=True)
+
+
 def seed_store(store, prompts: Sequence[tuple[str, str]], models: Sequence[DemoModel]) -> dict[str, int]:
     """Write the demo models' objects into ``store`` unless already there. Returns objects written."""
+    create_local_root(store)
     photos = [load_photo(name) for name in DEMO_PHOTOS]
     written: dict[str, int] = {}
     existing = set(store.list_models())

@@ -187,7 +187,7 @@ def import_scores_file(settings: Settings, suite: Suite, path: Path, scorer_name
         reference = work.load_verified_reference(settings, suite, identity.scorer_id)
     except RefError as exc:
         summary.note = (
-            f"scores recorded; no EPS yet: {exc}. Build a reference from imported scores with "
+            f"scores recorded; no EPS yet: {str(exc).rstrip('. ')}. Build a reference from imported scores with "
             f"`imagebench reference build --version V --baseline FILE --scorer {scorer_name}`."
         )
         return summary

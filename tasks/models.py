@@ -191,7 +191,7 @@ def unretire(settings: Settings, model_id: str, reason: str, actor: str | None =
 
 LIST_COLUMNS = (
     "model_id", "state", "in_store", "images_ok", "images_quarantined", "images_missing", "scored", "complete",
-    "eps", "capability", "scored_at", "retired", "retired_at", "retired_by", "retired_reason",
+    "eps", "capability", "scored_at", "retired", "retired_at", "retired_by", "retired_reason", "uncalibrated",
 )
 
 
@@ -237,6 +237,7 @@ def list_models(settings: Settings, store_models: Sequence[str] | None) -> list[
             "retired_at": ret["at"] if ret else None,
             "retired_by": ret["actor"] if ret else None,
             "retired_reason": ret["reason"] if ret else None,
+            "uncalibrated": bool(res["uncalibrated"]) if res else None,  # EPS from demo weights
         })
     return rows
 

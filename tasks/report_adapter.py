@@ -10,7 +10,6 @@ from tasks.suite import Suite
 
 
 def report_data_from_lake(settings: Settings, suite: Suite, reference: ReferenceFile):
-    from tasks import stats
     from tasks.lake import query
     from tasks.report import ImageRow, LeaderboardRow, ReportData
     from tasks.views import model_prompts, paired_vectors
@@ -36,9 +35,9 @@ def report_data_from_lake(settings: Settings, suite: Suite, reference: Reference
         )
         views = model_prompts(settings, suite, reference, model_id)
         verdicts, contributions = paired_vectors(views, suite, reference)
-        judged = stats.judge_decided([v.state for v in views], verdicts)
-        by_category[model_id] = _groups(suite, verdicts, judged, contributions, eligible, "category", stats)
-        by_tag[model_id] = _groups(suite, verdicts, judged, contributions, eligible, "tag", stats)
+        states = [v.state for v in views]
+        by_category[model_id] = _groups(suite, states, verdicts, contributions, eligible, "category")
+        by_tag[model_id] = _groups(suite, states, verdicts, contributions, eligible, "tag")
         for p, v in zip(suite.prompts, views):
             images.append(
                 ImageRow(
@@ -60,16 +59,19 @@ def report_data_from_lake(settings: Settings, suite: Suite, reference: Reference
     )
 
 
-def _groups(suite: Suite, verdicts, judged, contributions: np.ndarray, eligible: set[str], key: str, stats) -> dict:
+def _groups(suite: Suite, states, verdicts, contributions: np.ndarray, eligible: set[str], key: str) -> dict:
+    """Per group: its PASS / FAIL / no-image / undecided counts, which add up over the groups to
+    the model's headline Capability (tasks/breakdown.py), and its EPS."""
+    from tasks.breakdown import capability_by_group
     from tasks.report import GroupScore
 
     groups = [getattr(p, key) for p in suite.prompts]
     out = {}
-    for name, cap in stats.capability_breakdown(verdicts, groups, judged).items():
-        elig = [i for i, g in enumerate(groups) if g == name and suite.prompts[i].prompt_id in eligible]
+    for g in capability_by_group(states, verdicts, groups)[0]:
+        elig = [i for i, x in enumerate(groups) if x == g.group and suite.prompts[i].prompt_id in eligible]
         eps = 100.0 * float(np.mean(contributions[elig])) if elig else None
-        out[name] = GroupScore(
-            capability=None if cap.capability != cap.capability else cap.capability, eps=eps, n=cap.total,
-            decided=cap.decided, judged=cap.judged,
+        out[g.group] = GroupScore(
+            capability=g.capability, eps=eps, n=g.prompts, decided=g.decided, judged=g.judged, passed=g.passed,
+            failed=g.failed, no_image=g.failed_no_image, undecided=g.undecided,
         )
     return out

@@ -39,7 +39,7 @@ def run_demo_study(settings, console) -> bool:
     from tasks.beauty.study import STUDY_FILE, open_study, study_dir
     from tasks.beauty.suite import load_beauty_suite
     from tasks.beauty.tables import read_study_partition
-    from tasks.demo import DEMO_PHOTOS, CONTENDERS, load_photo, render_model
+    from tasks.demo import DEMO_PHOTOS, CONTENDERS, create_local_root, load_photo, render_model
     from tasks.lake import Lake
     from tasks.reference import pin_suite
 
@@ -58,6 +58,7 @@ def run_demo_study(settings, console) -> bool:
     from tasks.work import open_configured_store
 
     store = open_configured_store(study_settings)
+    create_local_root(store)  # no "does not exist: treating it as empty" on a first demo
     have = set(store.list_models())
     photos = [load_photo(name) for name in DEMO_PHOTOS]
     for model in (m for m in CONTENDERS if m.model_id in DEMO_STUDY_TOOLS and m.model_id not in have):

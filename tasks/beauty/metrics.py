@@ -81,6 +81,20 @@ class MetricNetworks:
     hps: Any = None  # tasks.hpsv3.scorer.HPSv3Scorer, or None: hps_mu is then null
 
 
+@contextlib.contextmanager
+def no_download_bars():
+    """transformers' tqdm bars off while it reads or writes local files (restored after)."""
+    from transformers.utils import logging as hf_logging
+
+    was = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was:
+            hf_logging.enable_progress_bar()
+
+
 def load_networks(inception_weights: str | Path, clip_model: str | Path, hps: Any = None) -> MetricNetworks:
     """Load the networks from local files: ``inception_weights`` (a PyTorch state dict of the FID
     InceptionV3), ``clip_model`` (a folder with a CLIP model and processor), ``hps`` an already
@@ -102,8 +116,9 @@ def load_networks(inception_weights: str | Path, clip_model: str | Path, hps: An
         inception = load_fid_inception(str(inception_weights), input_size=size)
     except Exception as exc:
         raise ValueError(f"Inception weights {inception_weights}: not a FID InceptionV3 state dict ({exc})") from exc
-    model = CLIPModel.from_pretrained(clip_model, use_safetensors=True).eval()  # never a pickle
-    processor = CLIPProcessor.from_pretrained(clip_model)
+    with no_download_bars():  # a local folder: a "Loading weights ... it/s" bar reads like a download
+        model = CLIPModel.from_pretrained(clip_model, use_safetensors=True).eval()  # never a pickle
+        processor = CLIPProcessor.from_pretrained(clip_model)
     tiny_clip = bool(getattr(model.config, _MARKER.replace("-", "_"), False))
     tiny_hps = bool(hps is not None and getattr(hps, "uncalibrated", False))
     weights = TINY_RANDOM if (tiny_inception or tiny_clip or tiny_hps) else REAL
@@ -166,7 +181,8 @@ def tiny_random_networks(directory: str | Path, seed: int = 0, hps: Any = None) 
             projection_dim=16,
         )
         setattr(config, _MARKER.replace("-", "_"), True)
-        CLIPModel(config).save_pretrained(clip_dir)
+        with no_download_bars():
+            CLIPModel(config).save_pretrained(clip_dir)
         image_processor = CLIPImageProcessorPil(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32})
         CLIPProcessor(image_processor=image_processor, tokenizer=tokenizer).save_pretrained(clip_dir)
     finally:

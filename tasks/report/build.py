@@ -52,6 +52,7 @@ CSP = (
     "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; base-uri 'none'; form-action 'none'"
 )
 UNDECIDED = ("ERROR", "UNPARSABLE")
+NO_IMAGE_STATES = ("missing", "quarantined")  # FAIL by rule (docs/STATISTICS.md)
 
 
 class ReportError(RuntimeError):
@@ -275,6 +276,8 @@ class CardView:
     verdict_class: str
     filter_key: str  # PASS / FAIL / undecided / unjudged / noimage (model page filter)
     mu: str
+    verdict_text: str = "not judged"  # what the image counted as: PASS / FAIL / ERROR / UNPARSABLE / not judged
+    counted: str = ""  # why, when no judge decided it ("counted as FAIL: missing image")
 
 
 def _order_rows(rows: list[LeaderboardRow]) -> list[LeaderboardRow]:
@@ -352,7 +355,10 @@ def _card(img: ImageRow, thumbs: dict[Path, Thumb], root: Path | None) -> CardVi
     thumb = thumbs.get(p) if p is not None else None
     label, shown = _state_label(img, thumb)
     v = (img.verdict or "").upper()
-    if not shown:
+    counted = ""
+    if img.state in NO_IMAGE_STATES:  # no image: a FAIL by rule, in the headline and every breakdown
+        v, counted = "FAIL", f"counted as FAIL: {img.state} image"
+    if img.state in NO_IMAGE_STATES or not shown:
         fkey = "noimage"
     elif v in ("PASS", "FAIL"):
         fkey = v
@@ -368,6 +374,8 @@ def _card(img: ImageRow, thumbs: dict[Path, Thumb], root: Path | None) -> CardVi
         verdict_class={"PASS": "pass", "FAIL": "fail"}.get(v, "undecided" if v in UNDECIDED else "none"),
         filter_key=fkey,
         mu=_num(img.mu, 3),
+        verdict_text=v or "not judged",
+        counted=counted,
     )
 
 
@@ -441,8 +449,9 @@ def _has_any(per_model: dict[str, dict[str, GroupScore]], attr: str) -> bool:
 
 
 def _cell_text(g: GroupScore | None, attr: str, val: float | None) -> str:
-    """A heatmap cell's tooltip value: Capability carries its decided/total count, and says
-    "not judged" when no verdict came from a judge (missing-image FAILs alone are no figure)."""
+    """A heatmap cell's tooltip value: Capability carries its PASS / FAIL counts (FAILs of
+    missing or quarantined images named: they count, as in the headline) and decided/total, and
+    says "not judged" when the model has no figure at all (no verdict came from a judge)."""
     n = f" (n={g.n})" if g and g.n is not None else ""
     if attr != "capability" or g is None or g.decided is None or g.n is None:
         return f"{_num(val)}{n}"
@@ -450,7 +459,22 @@ def _cell_text(g: GroupScore | None, attr: str, val: float | None) -> str:
     if val is None:
         fails = f", {g.decided} missing/quarantined FAIL" if g.decided else ""
         return f"not judged ({counts}{fails}; no judge verdict)"
-    return f"{_num(val)} ({counts}, {g.judged} by a judge)"
+    tally = ""
+    if g.passed is not None and g.failed is not None:
+        tally = f"{g.passed} PASS, {g.failed} FAIL" + (f" ({g.no_image} without an image)" if g.no_image else "") + "; "
+    return f"{_num(val)} ({tally}{counts}, {g.judged} by a judge)"
+
+
+def group_total(groups: list[GroupScore]) -> GroupScore | None:
+    """The groups' counts summed: the model's own (its Capability is the headline, since a
+    group's Capability is PASS / decided over the same prompts). None without counts."""
+    fields = ("n", "decided", "judged", "passed", "failed", "no_image", "undecided")
+    if not groups or any(getattr(g, f) is None for g in groups for f in fields):
+        return None
+    total = GroupScore(**{f: sum(getattr(g, f) for g in groups) for f in fields})
+    if total.decided and any(finite(g.capability) is not None for g in groups):
+        total.capability = 100.0 * total.passed / total.decided
+    return total
 
 
 def _category_heatmap(views: list[RowView], cats: list[str], data: ReportData, attr: str, label: str, uid: str) -> str:
@@ -612,6 +636,7 @@ def build_report(data: ReportData, out_dir: Path, studies: list | tuple = (), va
             card = _card(img, thumbs, root)
             groups[-1][2].append(card)
             groups[-1][3][card.filter_key] += 1
+            groups[-1][3]["nofail"] += bool(card.counted)  # no image: counted as FAIL
         per_cat = data.by_category.get(m, {})
         per_tag = data.by_tag.get(m, {})
         view = rows_by_id.get(m)
@@ -624,6 +649,7 @@ def build_report(data: ReportData, out_dir: Path, studies: list | tuple = (), va
             groups=groups,
             totals=sum((g[3] for g in groups), Counter()),
             cat_rows=[(c, per_cat[c]) for c in categories if c in per_cat],
+            cat_total=group_total([per_cat[c] for c in categories if c in per_cat]),
             tag_rows=[(c, t, per_tag[t]) for c, t in tags if t in per_tag],
         )
         _write_text(out_dir / page, html)

@@ -48,6 +48,10 @@ class GroupScore:
     n: int | None = None  # prompts in the group (shown in the tooltip)
     decided: int | None = None  # prompts with PASS/FAIL (missing/quarantined images are FAIL)
     judged: int | None = None  # of those, decided by a judge (0: Capability is "not judged")
+    passed: int | None = None  # PASS verdicts
+    failed: int | None = None  # every FAIL the headline counts, no_image included
+    no_image: int | None = None  # of those, missing or quarantined images (FAIL by rule)
+    undecided: int | None = None  # ERROR, UNPARSABLE or not judged
 
 
 @dataclass

@@ -103,3 +103,18 @@ def test_a_real_study_without_weights_gets_no_pixel_metrics(tmp_path):
     settings = SimpleNamespace(beauty_inception_weights=None, beauty_clip_model="/somewhere")
     table = M.study_pixel_metrics(settings, definition, tmp_path)
     assert table.num_rows == 0 and table.schema.equals(STUDY_PIXEL_METRICS)
+
+
+def test_local_networks_print_no_download_style_bars(tmp_path, capfd):
+    """Issue 15, item 10: `make demo` printed "Writing model shards ... it/s" and "Loading weights
+    ... it/s" bars for the tiny CLIP it writes and reads back from a local folder. They are off
+    while it does, and transformers' own setting is restored after."""
+    from transformers.utils import logging as hf_logging
+
+    assert hf_logging.is_progress_bar_enabled()
+    capfd.readouterr()
+    M.tiny_random_networks(tmp_path / "nets", seed=0)
+    M.load_networks(tmp_path / "nets" / "inception.pt", tmp_path / "nets" / "clip")
+    out, err = capfd.readouterr()
+    assert "it/s" not in out + err and "Loading weights" not in out + err and "model shards" not in out + err, err
+    assert hf_logging.is_progress_bar_enabled()

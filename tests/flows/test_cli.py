@@ -159,6 +159,11 @@ def test_import_scores_reference_and_eps(prefect_harness, workspace, tmp_path, m
     assert r.exit_code == 1 and "lab-x-1" in r.output
     assert load_settings().reference_path.read_bytes() == before
     assert invoke("reference", "verify").exit_code == 0
+    # Scores under another scorer name: recorded, no EPS, one sentence after another (issue 15 item 10).
+    other = _scores_csv(tmp_path / "z.csv", [{"model_id": "other", "prompt_id": p, "mu": "1.0"} for p in half[:3]])
+    r = invoke("import-scores", str(other), "--scorer", "lab-z")
+    said = " ".join(r.output.split())
+    assert r.exit_code == 0 and "not comparable with this reference. Build a reference" in said and ".." not in said, said
 
     # Verdicts produced elsewhere: Capability follows; missing images count as FAIL.
     vfile = tmp_path / "verdicts.csv"

@@ -227,6 +227,22 @@ def test_corrupt_lake_file_is_detected_set_aside_reported_and_recomputed(built_r
     latest, previous = json.loads(shown.output)
     assert (latest["status"], previous["status"]) == ("completed", "failed")
     assert str(victim) in previous["corrupt_files"][0]
+    # The table a person reads (issue 15 item 9): counts per disposition and the stage times, so
+    # a nightly with nothing new does not look empty.
+    table = CliRunner().invoke(app, ["runs", "--limit", "2"], env={"COLUMNS": "300"})
+    assert table.exit_code == 0, table.output
+    header = next(line for line in table.output.splitlines() if line.startswith("┃"))
+    names = [c.strip() for c in header.strip("┃").split("┃")]
+    rows = [dict(zip(names, (c.strip() for c in line.strip("│").split("│"))))
+            for line in table.output.splitlines() if line.startswith("│")]
+    assert [r["run"] for r in rows] == [latest["run_id"][:8], previous["run_id"][:8]]
+    assert rows[0]["status"] == "completed" and rows[1]["status"].startswith("failed at ")
+    for row, record in zip(rows, (latest, previous)):
+        assert int(row["discovered"]) == record["models_discovered"] == 2
+        assert int(row["scored"]) + int(row["up_to_date"]) + int(row["skipped"]) + int(row["errored"]) == 2, row
+        assert int(row["images_scored"]) == record["hps_images_scored"]
+    assert int(rows[0]["up_to_date"]) == 2 and int(rows[1]["up_to_date"]) == 2  # unchanged base-a counts here
+    assert "hpsv3 " in rows[1]["stage_s"]  # the run that re-scored base-a's 165 images
 
 
 def test_a_file_damaged_in_place_after_the_last_check_is_still_caught_by_the_nightly(built_reference):

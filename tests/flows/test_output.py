@@ -63,3 +63,47 @@ def test_flags_show_no_bool_metavar_in_help():
         r = CliRunner().invoke(app, command, env={"COLUMNS": "160"})
         assert r.exit_code == 0 and "--rejudge" in r.output, r.output
         assert "<bool>" not in r.output and "<table|csv|json>" in r.output, r.output
+
+
+def _every_command():
+    """(argv path, click command) of the app, every group and sub-command included."""
+    from typer.main import get_command
+
+    from flows.cli import app
+
+    def walk(cmd, path):
+        yield path, cmd
+        for name, sub in sorted(getattr(cmd, "commands", {}).items()):
+            yield from walk(sub, [*path, name])
+
+    return list(walk(get_command(app), []))
+
+
+def test_every_help_text_reads_whole_and_without_placeholders():
+    """Issue 15, item 10: a group's command list broke summaries mid-sentence (the docstring's
+    line breaks), and usage lines showed required arguments as ``{file}`` / ``{MODEL}``. Every
+    command's --help, rendered wide: each sub-command's summary (its docstring's first paragraph)
+    on one line of its group's list, and no brace placeholder anywhere."""
+    import inspect
+
+    from typer.testing import CliRunner
+
+    from flows.cli import app
+
+    commands = _every_command()
+    assert len(commands) > 40  # the whole tree, not just the top level
+    for path, cmd in commands:
+        r = CliRunner().invoke(app, [*path, "--help"], env={"COLUMNS": "1000"})
+        assert r.exit_code == 0, (path, r.output)
+        where = " ".join(["imagebench", *path])
+        assert not re.search(r"\{[A-Za-z_.-]+\}", r.output), (where, r.output)
+        usage = next(line for line in r.output.splitlines() if "Usage:" in line)
+        for param in cmd.params:
+            if param.param_type_name == "argument":
+                assert (param.metavar or param.name.upper()) in usage.split(), (where, usage)
+        lines = r.output.splitlines()
+        for name, sub in getattr(cmd, "commands", {}).items():
+            summary = " ".join(inspect.cleandoc(sub.help or "").split("\n\n")[0].split())
+            row = [line for line in lines if re.match(rf"^\W*{re.escape(name)}\s", line.lstrip("│ "))
+                   or line.lstrip("│ ").startswith(name + " ")]
+            assert row and summary in " ".join(row[0].split()), (f"{where} {name}", summary, row)

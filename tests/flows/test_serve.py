@@ -154,6 +154,31 @@ def _synthetic_reference(version: str) -> None:
                     golden=golden)
 
 
+def _flow_run_ids(api_url: str) -> set:
+    client = _client(api_url)
+    try:
+        return {r.id for r in client.read_flow_runs()}
+    finally:
+        _close(client)
+
+
+def _run_logs(api_url: str, flow_run_id: str) -> list:
+    """What the API's logs endpoint (the UI's Logs tab) holds for the flow run."""
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+
+    client = _client(api_url)
+    try:
+        return client.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id])))
+    finally:
+        _close(client)
+
+
+def _error_line(stderr: str) -> str:
+    """The one `error:` line of a command's stderr, joined across terminal wraps, without the log hint."""
+    text = " ".join(stderr.split())
+    return text[text.index("error:"):].split(" (traceback in ")[0]
+
+
 def _flow_signature_names(entrypoint: str) -> set[str]:
     from prefect.flows import load_flow_from_entrypoint
 
@@ -275,6 +300,16 @@ def test_backfill_through_served_deployment(prefect_server, workspace, tmp_path,
         eligible = list(load_suite(settings.suite_path).eligible_ids)
         put_model(workspace / "objects", MODEL, eligible[:6], seed=3)
         _wait_for(lambda: _read_deployment(api, "score-model/backfill"), 120, "the served deployments", serve, log)
+        # A typo: refused before any flow run exists, with the in-process path's message (issue 15 item 8).
+        runs_before = _flow_run_ids(api)
+        typo = subprocess.run(_cmd("backfill", "--model", MODEL[:-1]), cwd=tmp_path, env=env, capture_output=True,
+                              text=True, timeout=240)
+        local = subprocess.run(_cmd("backfill", "--model", MODEL[:-1], "--local"), cwd=tmp_path, env=env,
+                               capture_output=True, text=True, timeout=240)
+        said = " ".join(typo.stderr.split())
+        assert typo.returncode == 1 and f"no model '{MODEL[:-1]}'" in said and f"'{MODEL}'" in said, typo.stderr
+        assert _error_line(typo.stderr) == _error_line(local.stderr) and local.returncode == 1, local.stderr
+        assert "flow run" not in said and _flow_run_ids(api) == runs_before
         t0 = time.monotonic()
         done = subprocess.run(_cmd("backfill", "--model", MODEL, "--wait", "--format", "json"), cwd=tmp_path,
                               env=env, capture_output=True, text=True, timeout=240)
@@ -299,6 +334,11 @@ def test_backfill_through_served_deployment(prefect_server, workspace, tmp_path,
             assert flow_run.parameters == {"model_id": MODEL, "rejudge": False}
         finally:
             _close(client)
+        # The run's logs are on the server (the UI's Logs tab), INFO included: what the run did.
+        logs = _wait_for(lambda: (lambda got: got if any("run " + flow_run_id in x.message for x in got) else None)(
+            _run_logs(api, flow_run_id)), 60, "the backfill run's logs on the server", serve, log)
+        assert any(x.level == 20 and "Finished in state Completed" in x.message for x in logs), [
+            (x.level, x.message) for x in logs]
 
         # The nightly deployment: a cron schedule with its explicit time zone.
         nightly = _read_deployment(api, "nightly/nightly")

@@ -550,25 +550,38 @@ def test_opened_as_a_file(site) -> None:
 
 
 def test_capability_cells_carry_counts_and_not_judged(tmp_path: Path) -> None:
-    """Issue 8 item 9: a category whose only decided items are missing images is drawn as not
-    judged (no value, grey) and says so; every Capability cell carries decided/total."""
+    """Issue 8 item 9, as issue 15 item 6 revised it: every Capability cell carries its PASS /
+    FAIL counts and decided/total. A category whose only decided items are missing images shows
+    their FAILs as a figure (0.0: the headline counts them, so must the breakdown); only a model
+    no judge decided anything for is drawn as not judged (no value, grey), and says so."""
     data = ReportData(
-        rows=[LeaderboardRow("judged", capability=50.0, eps=50.0, rank=1),
-              LeaderboardRow("patchy", capability=60.0, eps=40.0, rank=2)],
+        rows=[LeaderboardRow("unjudged", capability=None, eps=50.0, rank=None),
+              LeaderboardRow("patchy", capability=45.0, eps=40.0, rank=1)],
         by_category={
-            "judged": {"Text": GroupScore(capability=50.0, eps=50.0, n=15, decided=4, judged=4),
-                       "Spatial": GroupScore(capability=None, eps=50.0, n=57, decided=0, judged=0)},
-            "patchy": {"Text": GroupScore(capability=60.0, eps=40.0, n=15, decided=5, judged=5),
-                       "Spatial": GroupScore(capability=None, eps=40.0, n=57, decided=3, judged=0)},
+            "unjudged": {"Text": GroupScore(capability=None, eps=50.0, n=15, decided=2, judged=0, passed=0, failed=2,
+                                            no_image=2, undecided=13),
+                         "Spatial": GroupScore(capability=None, eps=50.0, n=57, decided=0, judged=0, passed=0,
+                                               failed=0, no_image=0, undecided=57)},
+            "patchy": {"Text": GroupScore(capability=60.0, eps=40.0, n=15, decided=15, judged=15, passed=9, failed=6,
+                                          no_image=0, undecided=0),
+                       "Spatial": GroupScore(capability=0.0, eps=40.0, n=57, decided=5, judged=0, passed=0, failed=5,
+                                             no_image=5, undecided=52)},
         },
         categories=["Text", "Spatial"],
     )
-    html = build_report(data, tmp_path / "site").read_text(encoding="utf-8")
-    cell = re.search(r'<g class="cell" data-row="patchy" data-col="Spatial" data-value="">'
+    out = tmp_path / "site"
+    html = build_report(data, out).read_text(encoding="utf-8")
+    cell = re.search(r'<g class="cell" data-row="unjudged" data-col="Text" data-value="">'
                      r"<title>([^<]*)</title>", html)
-    assert cell, "patchy × Spatial must be drawn without a value"
-    assert "Capability not judged (3/57 decided, 3 missing/quarantined FAIL" in cell.group(1)
-    assert "judged × Text: Capability 50.0 (4/15 decided, 4 by a judge)" in html
+    assert cell, "unjudged × Text must be drawn without a value"
+    assert "Capability not judged (2/15 decided, 2 missing/quarantined FAIL" in cell.group(1)
+    assert "patchy × Spatial: Capability 0.0 (0 PASS, 5 FAIL (5 without an image); 5/57 decided, 0 by a judge)" in html
+    assert "patchy × Text: Capability 60.0 (9 PASS, 6 FAIL; 15/15 decided, 15 by a judge)" in html
+    # The model page's category table ends with the total: PASS 9 of 20 decided = 45.0, the headline.
+    page = (out / "models" / "patchy.html").read_text(encoding="utf-8")
+    foot = re.search(r'<tfoot><tr class="total"><th scope="row">All categories</th>(.*?)</tr></tfoot>', page, re.S)
+    assert foot, page
+    assert re.findall(r'<td class="num">([^<]*)</td>', foot.group(1))[:5] == ["45.0", "9", "11", "5", "52"]
 
 
 def _label_boxes(svg: str) -> list[tuple[str, tuple[float, float, float, float]]]:
