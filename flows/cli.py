@@ -301,9 +301,9 @@ def _server_api_url(settings: Settings) -> tuple[str | None, str]:
     url = (get_current_settings().api.url or "").strip()
     if url and url != embedded:
         return url, "PREFECT_API_URL in the Prefect settings"
-    from flows.server import API_URL_FILE, recorded_api_url, server_home
+    from flows.server import API_URL_FILE, server_home, use_recorded_api
 
-    url = recorded_api_url(settings.home)
+    url = use_recorded_api(settings.home)
     if url:
         return url, f"the local server of `make serve`, {server_home(settings.home) / API_URL_FILE}"
     return None, ""
@@ -948,6 +948,7 @@ def _serve_with_local_server(settings: Settings, port: int | None) -> None:
     import signal
     import threading
 
+    from flows.apiauth import protect
     from flows.server import LocalServer, server_home
 
     port = port or settings.prefect_port
@@ -964,6 +965,7 @@ def _serve_with_local_server(settings: Settings, port: int | None) -> None:
     # starts, talk to this server and keep their state beside it.
     os.environ["PREFECT_API_URL"] = server.api_url
     os.environ["PREFECT_HOME"] = str(server.home)
+    protect(server.home, server=False)  # its secret, for this process and the flow runs it starts
     _prefect(settings, quiet=False)  # a server's console shows its runs' errors
 
     stopping, died = threading.Event(), threading.Event()
