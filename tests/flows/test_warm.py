@@ -18,6 +18,7 @@ import socket
 import sqlite3
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -464,14 +465,18 @@ def _key_in(code: Path, env: dict[str, str]) -> str:
                           env=env, cwd=code, capture_output=True, text=True, check=True).stdout.strip()
 
 
-def test_stale_code_never_serves_and_servers_are_capped(shared, tmp_path):
+def test_stale_code_never_serves_and_servers_are_capped(shared, tmp_path, monkeypatch):
     """An always-failing expectation added to expectations/images.json after the server started:
     the next command does not use that server (its code key changed) and fails as the cold one
     does; the new server replaces the old one (IMAGEBENCH_WARM_MAX_SERVERS=1), whose files go with it."""
     code = tmp_path / "code"
     for d in ("flows", "tasks", "schemas", "expectations"):
         shutil.copytree(REPO / d, code / d, ignore=shutil.ignore_patterns("__pycache__"))
-    env = {**shared["env"], "PYTHONPATH": str(code), "IMAGEBENCH_WARM_MAX_SERVERS": "1"}
+    # Its own $TMPDIR, so its own warm directory: the cap of 1 never stops a server of anyone else.
+    rt = tmp_path / "rt"
+    rt.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(rt))
+    env = {**shared["env"], "PYTHONPATH": str(code), "IMAGEBENCH_WARM_MAX_SERVERS": "1", "TMPDIR": str(rt)}
     launch = [sys.executable, "-m", "flows.launch"]
     old_key = _key_in(code, env)
     first = _run(["score", "--model", "no-such-model"], env, cwd=code, launch=launch)
