@@ -38,7 +38,9 @@ _LEAKED = ("PREFECT_HOME", "PREFECT_API_URL", "PREFECT_API_AUTH_STRING", "PREFEC
 def _base_env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in _LEAKED}
     env.update({"IMAGEBENCH_WARM": "auto", "IMAGEBENCH_WARM_IDLE_S": "600", "COLUMNS": "200",
-                "PYTHONPATH": str(REPO), **extra})
+                "PYTHONPATH": str(REPO),
+                # a machine shared with other jobs can take minutes to start a Prefect API
+                "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "900", **extra})
     return env
 
 
@@ -144,23 +146,26 @@ def test_warm_off_means_cold(value, monkeypatch):
     assert warm.mode() == "off"
 
 
-def test_prefect_settings_follow_the_workspace_when_prefect_was_imported_first(tmp_path, monkeypatch):
+def test_prefect_settings_follow_the_workspace_when_prefect_was_imported_first(tmp_path):
     """A warm child imported Prefect before its command set PREFECT_HOME: the settings are read again."""
     import prefect.context
 
     from flows.env import prepare_prefect_env
 
+    saved = dict(os.environ)  # prepare_prefect_env sets variables of its own: all are put back
     for var in _LEAKED:
-        monkeypatch.delenv(var, raising=False)
-    prepare_prefect_env(tmp_path / "home")
-    try:  # the process-wide settings (a test harness may have its own on top: not what a command sees)
+        os.environ.pop(var, None)
+    try:
+        prepare_prefect_env(tmp_path / "home")
+        # the process-wide settings (a test harness may have its own on top: not what a command sees)
         settings = prefect.context.GLOBAL_SETTINGS_CONTEXT.settings
         assert Path(settings.home) == (tmp_path / "home" / "prefect").resolve()
         secret = (tmp_path / "home" / "prefect" / "api-auth")
         assert secret.stat().st_mode & 0o777 == 0o600
         assert settings.api.auth_string.get_secret_value() == secret.read_text().strip()
     finally:
-        monkeypatch.undo()
+        os.environ.clear()
+        os.environ.update(saved)
         prefect.context.refresh_global_settings_context()
 
 
