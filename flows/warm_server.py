@@ -258,9 +258,12 @@ _PRELOADED: dict = {}  # what preload() saw: the key, the runner settings
 def _lower_priority():
     """While the server imports, a command runs cold beside it (flows/launch.py): the server yields
     the CPU to it (nice 10: about a tenth of a contended core, all of an idle one), when it can
-    return to normal afterwards (root, or RLIMIT_NICE allows it). The function that does, or None."""
+    return to normal afterwards (root, or RLIMIT_NICE allows it). The server has a session of its
+    own, hence (with sched_autogroup) a CPU share of its own: that group's nice is lowered too, or
+    the process's nice would only count within it. The function that returns both to normal, or None."""
     import resource
 
+    autogroup = Path("/proc/self/autogroup")
     try:
         before = os.getpriority(os.PRIO_PROCESS, 0)
         if os.geteuid() != 0 and resource.getrlimit(resource.RLIMIT_NICE)[0] < 20 - before:
@@ -268,7 +271,19 @@ def _lower_priority():
         os.setpriority(os.PRIO_PROCESS, 0, max(before, PRELOAD_NICE))
     except OSError:
         return None
-    return lambda: os.setpriority(os.PRIO_PROCESS, 0, before)
+    try:
+        group_before = autogroup.read_text().split()[-1]
+        autogroup.write_text(str(PRELOAD_NICE))
+    except (OSError, IndexError):
+        group_before = None
+
+    def normal() -> None:
+        os.setpriority(os.PRIO_PROCESS, 0, before)
+        if group_before is not None:
+            with contextlib.suppress(OSError):
+                autogroup.write_text(group_before)
+
+    return normal
 
 
 def _subreaper_keeper() -> None:
