@@ -128,7 +128,10 @@ def _watch_client(status_fd: int) -> None:
     os._exit(128 + signal.SIGTERM)
 
 
-def _child(request: dict, fds: list[int]) -> None:
+FORWARDED = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}  # what a client passes on to its command
+
+
+def _child(request: dict, fds: list[int], mask: set) -> None:
     """The forked command: fds are the client's stdin, stdout, stderr and its status channel,
     where the exit status is written (so the client learns it even if the server is gone)."""
     global _STATUS_FD
@@ -136,6 +139,7 @@ def _child(request: dict, fds: list[int]) -> None:
     signal.signal(signal.SIGINT, _quiet_interrupt)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.signal(signal.SIGHUP, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_SETMASK, mask)  # what came since the fork is delivered now
     code = 1
     try:
         for target, fd in zip((0, 1, 2), fds):
@@ -387,6 +391,9 @@ def serve(key: str) -> int:
             _reply(sock, refusal)
             sock.close()
             return
+        # Signals forwarded by the client may come at once: held until the child has its handlers
+        # (the server's would swallow them), then delivered.
+        mask = signal.pthread_sigmask(signal.SIG_BLOCK, FORWARDED)
         pid = os.fork()
         if pid == 0:
             sel.close()
@@ -394,7 +401,8 @@ def serve(key: str) -> int:
             sock.close()  # the client learns that the server died from this connection alone
             for other in [*children.values(), *(c.sock for c in reading.values())]:
                 other.close()
-            _child(request, fds)
+            _child(request, fds, mask)
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         for fd in fds:
             os.close(fd)
         _reply(sock, {"pid": pid})

@@ -54,7 +54,7 @@ def _server_pid(env: dict[str, str]) -> int | None:
     return (reply or {}).get("pid")
 
 
-def _wait(predicate, what: str, deadline_s: float = 300.0):
+def _wait(predicate, what: str, deadline_s: float = 900.0):
     end = time.monotonic() + deadline_s
     while not (value := predicate()):
         if time.monotonic() > end:
@@ -102,6 +102,7 @@ def _same_lines(text: str, *names: str) -> list[str]:
         text = text.replace(name, "<model>")
     text = re.sub(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}", "<id>", text)
     text = re.sub(r"\d+(\.\d+)?\s*(s|ms|min)\b", "<t>", text)
+    text = re.sub(r"\b\d+:\d\d:\d\d\b", "<t>", text)  # progress bars' elapsed time
     text = re.sub(r"\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d[^ ]*", "<time>", text)
     text = re.sub("[\u2500-\u257f]+", " ", text)  # table rules: their widths follow the names' lengths
     return [" ".join(line.split()) for line in text.splitlines() if line.strip()]
@@ -322,7 +323,8 @@ def test_server_runs_only_authenticated_warm_commands(shared, tmp_path):
     assert warm.cookie_path(key).stat().st_mode & 0o777 == 0o600 and len(cookie) >= 32
     server = _server_pid(env)
     out = tmp_path / "out"
-    with open(out, "w") as sink, socket.socketpair() as (_mine, theirs):
+    mine, theirs = socket.socketpair()
+    with open(out, "w") as sink, mine, theirs:
         fds = [0, sink.fileno(), sink.fileno(), theirs.fileno()]
         run = {"op": "run", "argv": ["sql", "SELECT 42"], "env": env, "cwd": str(REPO)}
         assert "not a warm command" in _raw(path, {**run, "cookie": cookie}, fds)["error"]
@@ -350,7 +352,8 @@ def test_gone_and_silent_clients_never_affect_another_command(shared, tmp_path):
     silent.connect(str(path))  # held open, nothing sent, for the whole test
     try:
         for _ in range(3):  # run and hang up before the server answers with the pid
-            with open(os.devnull, "w") as sink, socket.socketpair() as (_mine, theirs):
+            mine, theirs = socket.socketpair()
+            with open(os.devnull, "w") as sink, mine, theirs:
                 sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
                 sock.connect(str(path))
                 warm.send_json(sock, {"op": "run", "argv": ["score", "--model", "no-such-model"], "env": env,
@@ -486,7 +489,7 @@ def test_stale_code_never_serves_and_servers_are_capped(shared, tmp_path, monkey
     old_key = _key_in(code, env)
     first = _run(["score", "--model", "no-such-model"], env, cwd=code, launch=launch)
     assert first.returncode == 1
-    old_pid = _wait(lambda: (warm._ask(warm.socket_path(old_key), "ping") or {}).get("pid"), "the first server")
+    old_pid = _wait(lambda: (warm._ask(warm.socket_path(old_key), "ping") or {}).get("pid"), "the first server", 900)
     suite = code / "expectations" / "images.json"
     config = json.loads(suite.read_text())
     config["expectations"].append({"type": "expect_column_values_to_be_in_set",
@@ -501,7 +504,7 @@ def test_stale_code_never_serves_and_servers_are_capped(shared, tmp_path, monkey
     assert not warm.socket_path(old_key).exists() and not warm.log_path(old_key).exists()
     new_key = _key_in(code, env)
     assert new_key != old_key
-    new_pid = _wait(lambda: (warm._ask(warm.socket_path(new_key), "ping") or {}).get("pid"), "the new server")
+    new_pid = _wait(lambda: (warm._ask(warm.socket_path(new_key), "ping") or {}).get("pid"), "the new server", 900)
     try:
         again = _run(["score", "--model", "after"], env, cwd=code, launch=launch)
         assert again.returncode == 1 and "running cold" not in again.stderr
