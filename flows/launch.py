@@ -3,7 +3,8 @@ rest in this process.
 
 Imports here are the standard library only: deciding costs a few milliseconds, and `sql` or
 `leaderboard` go straight to flows.cli as before. A command never waits for a server to start:
-when none is ready for its environment, it starts one beside itself and runs cold.
+when none is ready for its environment, it runs cold and starts one as it ends (started beside it,
+the server's imports took CPU from the command on a 2-core machine: bench (f)).
 """
 
 from __future__ import annotations
@@ -84,9 +85,9 @@ def _start_server(key: str, env: dict[str, str]) -> None:
         os.close(fd)
 
 
-def connect_or_start(env: dict[str, str]) -> tuple[socket.socket, str] | None:
-    """A connection to the ready server of this environment and its cookie; None when there is
-    none yet (then one is started beside this command, which runs cold)."""
+def connect(env: dict[str, str]) -> tuple[socket.socket, str] | str:
+    """A connection to the ready server of this environment and its cookie; else the key of the
+    server to start (this command then runs cold and starts it as it ends)."""
     key = warm.server_key(env)
     path = warm.socket_path(key)
     cookie = warm.read_cookie(key)
@@ -95,8 +96,7 @@ def connect_or_start(env: dict[str, str]) -> tuple[socket.socket, str] | None:
         return sock, cookie
     if path.exists():  # a server that died: its files are stale
         warm.remove_files(key)
-    _start_server(key, env)
-    return None
+    return key
 
 
 class _Client:
@@ -207,20 +207,31 @@ def _server_gone(child: int, channel: socket.socket | None) -> int:
 
 def main() -> None:
     argv = sys.argv[1:]
+    to_start = None  # the key of the server this command starts as it ends
     if warm.mode() != "off" and warm.command_of(argv) in warm.WARM_COMMANDS and "--help" not in argv:
+        env = dict(os.environ)
         try:
-            found = connect_or_start(dict(os.environ))
-            if found is not None:
+            found = connect(env)
+            if not isinstance(found, str):
                 sys.exit(run_warm(*found, argv))
+            to_start = found
         except (warm.WarmUnavailable, OSError) as exc:
             print(f"imagebench: running cold ({exc})", file=sys.stderr)
         for sig in (signal.SIGTERM, signal.SIGHUP):
             signal.signal(sig, signal.SIG_DFL)
         signal.signal(signal.SIGINT, _interrupted_early)
-    from flows.cli import main as cold_main
+    try:
+        from flows.cli import main as cold_main
 
-    signal.signal(signal.SIGINT, signal.default_int_handler)  # from here on the command's own handling
-    cold_main()
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # from here on the command's own handling
+        cold_main()
+    finally:
+        if to_start is not None:  # the next command of this environment will be warm
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+            try:
+                _start_server(to_start, env)
+            except (warm.WarmUnavailable, OSError):
+                pass
 
 
 if __name__ == "__main__":
