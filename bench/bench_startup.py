@@ -42,6 +42,7 @@ from pathlib import Path
 
 from common import PY, SRC, TinyModel, Workspace, run_measured, suite_prompts
 
+SETTLE_S = 10.0  # after stopping a server: its Prefect API shuts down gracefully
 SMALL = 24  # images of the small model: EPS-eligible prompts, so each goes through HPSv3
 IMAGE_SIDE = 64
 
@@ -122,8 +123,12 @@ def run(work: Path, quick: bool, log, tiny: TinyModel, ref_ws: Workspace, baseli
 
     try:
         for r in range(reps):
-            # A new day: no server. The first command runs cold while the server starts beside it.
+            # A new day: no server (the stopped one's Prefect API ends within seconds: let it). The
+            # cold command and the first one of the session right after it, with nothing else of ours
+            # running; the first command starts the server as it ends.
             _warm(SRC, warm_env, "stop")
+            time.sleep(SETTLE_S)
+            measure("cold", "small", f"s{r}", _env(spaces["cold"], SRC, False), SRC)
             measure("first", "small", f"first{r}", warm_env, SRC)
             ready_s.append(_wait_ready(SRC, warm_env))
             # The workspace's Prefect API, started by the first warm command of this server: untimed.
@@ -132,11 +137,14 @@ def run(work: Path, quick: bool, log, tiny: TinyModel, ref_ws: Workspace, baseli
             if up.rc != 0:
                 raise RuntimeError(f"warm-up score failed:\n{up.stderr[-3000:]}")
             order = list(modes) if r % 2 == 0 else list(reversed(modes))
-            sizes = (("small", f"s{r}"), ("big", f"b{r}")) if r < big_reps else (("small", f"s{r}"),)
-            for size, model in sizes:
+            for m in order:
+                if m != "cold":
+                    src, warm = modes[m]
+                    measure(m, "small", f"s{r}", _env(spaces[m], src, warm), src)
+            if r < big_reps:
                 for m in order:
                     src, warm = modes[m]
-                    measure(m, size, model, _env(spaces[m], src, warm), src)
+                    measure(m, "big", f"b{r}", _env(spaces[m], src, warm), src)
             measure("own-api", "small", f"own{r}", {**warm_env, "IMAGEBENCH_WARM_KEEP_API": "off"}, SRC)
     finally:
         _warm(SRC, warm_env, "stop")
@@ -186,7 +194,8 @@ def markdown(res: dict) -> list[str]:
     cold = res["cold_small_s"]
     lines += [
         "",
-        f"Each command of {res['small_images']} images against the cold one of the same repetition "
+        f"Each command of {res['small_images']} images against the cold one of the same repetition (run just before "
+        "the first command, no server of ours running) "
         f"(cold: {', '.join(f'{t:.1f}' for t in cold)} s); median (range) over {len(cold)} repetitions:",
         "",
         "| command | seconds | / cold |",
