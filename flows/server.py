@@ -88,13 +88,18 @@ def recorded_api_url(imagebench_home: Path) -> str | None:
     return url if url and api_healthy(url) else None
 
 
+def protect_clients(home: Path) -> None:
+    """This process's Prefect clients (and the flow runs it starts) send the secret of the server on ``home``."""
+    from flows import apiauth
+
+    apiauth.protect(home, server=False)
+
+
 def use_recorded_api(imagebench_home: Path) -> str | None:
     """:func:`recorded_api_url`, with this process's Prefect client given the server's secret."""
     url = recorded_api_url(imagebench_home)
     if url:
-        from flows import apiauth
-
-        apiauth.protect(server_home(imagebench_home), server=False)
+        protect_clients(server_home(imagebench_home))
         if "prefect.context" in sys.modules:  # Prefect read its settings already: again, with the secret
             from prefect.context import refresh_global_settings_context
 
