@@ -67,6 +67,7 @@ DEFAULT_IDLE_S = 900.0
 DEFAULT_MAX_SERVERS = 2
 PROTOCOL = 2
 _MAX_HEADER = 1 << 20
+_MAX_DIR_CHARS = 107 - len("/.warm-0123456789abcdef.sock.4194304")
 
 
 class WarmUnavailable(RuntimeError):
@@ -143,6 +144,8 @@ def server_key(env: dict[str, str]) -> str:
 def runtime_dir() -> Path:
     """``$TMPDIR/imagebench-<uid>``: created 0700; refused when not a private directory of ours."""
     d = Path(tempfile.gettempdir()) / f"imagebench-{os.getuid()}"
+    if len(str(d)) > _MAX_DIR_CHARS:  # a socket path has at most 107 bytes: a long $TMPDIR cannot hold it
+        d = Path("/tmp") / f"imagebench-{os.getuid()}"
     try:
         d.mkdir(mode=0o700, exist_ok=True)
         st = os.lstat(d)

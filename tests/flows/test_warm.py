@@ -481,8 +481,7 @@ def test_stale_code_never_serves_and_servers_are_capped(shared, tmp_path, monkey
     for d in ("flows", "tasks", "schemas", "expectations"):
         shutil.copytree(REPO / d, code / d, ignore=shutil.ignore_patterns("__pycache__"))
     # Its own $TMPDIR, so its own warm directory: the cap of 1 never stops a server of anyone else.
-    rt = tmp_path / "rt"
-    rt.mkdir()
+    rt = Path(tempfile.mkdtemp(prefix="ibw-", dir="/tmp"))  # short: a socket path holds 107 bytes
     monkeypatch.setattr(tempfile, "tempdir", str(rt))
     env = {**shared["env"], "PYTHONPATH": str(code), "IMAGEBENCH_WARM_MAX_SERVERS": "1", "TMPDIR": str(rt)}
     launch = [sys.executable, "-m", "flows.launch"]
@@ -511,3 +510,5 @@ def test_stale_code_never_serves_and_servers_are_capped(shared, tmp_path, monkey
         assert _same_lines(again.stderr) == _same_lines(cold.stderr), again.stderr[-2000:]
     finally:
         os.kill(new_pid, signal.SIGTERM)
+        _wait(lambda: _state(new_pid) in (None, "Z"), "the new server exits on SIGTERM", 60)
+        shutil.rmtree(rt, ignore_errors=True)
