@@ -1,4 +1,4 @@
-"""(f) Start-up: the fixed cost of ``imagebench score`` on the tiny model, before and after.
+"""(f) Start-up: the fixed cost of ``imagebench score`` on the tiny model, cold and warm.
 
 The fixed cost is everything a command pays whatever the number of images (Python imports, the
 embedded Prefect API, building the Great Expectations suites, the golden-set canary, flow
@@ -12,13 +12,22 @@ Modes, interleaved in every repetition so a busy machine slows all of them alike
 
 - **before**: the baseline source tree (``--baseline-src``, e.g. ``git archive 48e4bca``), cold;
 - **cold**: this tree with ``IMAGEBENCH_WARM=off``: what a command paid before the warm server;
-- **warm**: this tree through the warm server (flows/warm.py), already started; the server's own
-  start (the first command of a session waits for it) is reported apart.
+- **warm**: this tree through the warm server (flows/warm.py), already started, with the
+  workspace's Prefect API it keeps already up: the following commands of a session.
+
+And, on the small model only, each as a ratio against the cold command of the same repetition:
+
+- **first**: no server running (a new day, after a reboot): the command runs cold and starts the
+  server as it ends. The server is then waited for, untimed.
+- **warm, own API**: ``IMAGEBENCH_WARM_KEEP_API=off``: forked from the warm server, but starting
+  its own Prefect API as a cold command does. (own API - warm) / cold is the share of the saving
+  due to the long-lived Prefect API.
 
 Each mode has a workspace of its own (the same frozen reference copied in) and each command a
 model of its own (a scored model would be "up to date"). The OCR judge is pointed at a missing
-Tesseract, as in (e), so judging costs nothing but its planning. The best (shortest) of the
-repetitions is used: interference only ever adds time.
+Tesseract, as in (e), so judging costs nothing but its planning. Fixed costs use the best
+(shortest) of the repetitions (interference only ever adds time); ratios are per repetition,
+reported as median and range.
 """
 
 from __future__ import annotations
@@ -26,22 +35,29 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-from common import PY, REPO, TinyModel, Workspace, run_measured, suite_prompts
+from common import PY, SRC, TinyModel, Workspace, run_measured, suite_prompts
 
+SETTLE_S = 10.0  # after stopping a server: its Prefect API shuts down gracefully
 SMALL = 24  # images of the small model: EPS-eligible prompts, so each goes through HPSv3
 IMAGE_SIDE = 64
 
 
 def _env(ws: Workspace, src: Path, warm: bool) -> dict[str, str]:
     env = ws.env()
+    # Temporary files, and with them the warm servers' directory ($TMPDIR/imagebench-<uid>), of this
+    # bench alone: another user of the machine starting or stopping warm servers never touches ours.
+    tmp = ws.root.parent / "tmp"
+    tmp.mkdir(exist_ok=True)
+    env["TMPDIR"] = str(tmp)
     env.update(PYTHONPATH=str(src), BENCH_SRC=str(src), IMAGEBENCH_TESSERACT="/nonexistent/tesseract",
-               IMAGEBENCH_WARM="auto" if warm else "off", IMAGEBENCH_WARM_IDLE_S="1800")
+               IMAGEBENCH_WARM="auto" if warm else "off", IMAGEBENCH_WARM_IDLE_S="1800",
+               # a machine shared with other jobs can take minutes to start an API: time it, do not fail
+               PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS="900")
     return env
 
 
@@ -50,80 +66,91 @@ def _cmd(src: Path, args: list[str]) -> list[str]:
     return [PY, "-m", "flows.launch" if has_launcher else "flows.cli", *args]
 
 
-def _warm_key(src: Path, env: dict[str, str]) -> tuple[str, Path]:
-    out = subprocess.run([PY, "-c", "import json,os;from flows import warm;k=warm.server_key(dict(os.environ));"
-                          "print(json.dumps([k,str(warm.socket_path(k))]))"],
+def _warm(src: Path, env: dict[str, str], what: str) -> dict | None:
+    """``stop`` or ``ping`` the server of this environment, as `imagebench warm` does (its cookie)."""
+    out = subprocess.run([PY, "-c", "import json,os,sys;from flows import warm;k=warm.server_key(dict(os.environ));"
+                          f"p=warm.socket_path(k);print(json.dumps(warm.stop(p) if {what!r}=='stop' else warm._ask(p,'ping')))"],
                          env=env, cwd=src, capture_output=True, text=True, check=True)
-    key, path = json.loads(out.stdout)
-    return key, Path(path)
+    return json.loads(out.stdout)
 
 
-def _stop_warm(src: Path, env: dict[str, str]) -> None:
-    _key, path = _warm_key(src, env)
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        sock.connect(str(path))
-        sock.sendall(b'{"op": "stop"}\n')
-        sock.recv(100)
-    except OSError:
-        pass
-    finally:
-        sock.close()
-
-
-def _start_warm(src: Path, env: dict[str, str]) -> float:
-    """Start the server as the first command would; seconds until it accepts commands."""
-    key, path = _warm_key(src, env)
-    _stop_warm(src, env)
+def _wait_ready(src: Path, env: dict[str, str], timeout_s: float = 600.0) -> float:
     t0 = time.perf_counter()
-    subprocess.Popen([PY, "-m", "flows.warm_server", key], env=env, cwd=src, stdin=subprocess.DEVNULL,
-                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    while not path.exists():
-        if time.perf_counter() - t0 > 300:
-            raise RuntimeError("warm server did not start in 300 s")
-        time.sleep(0.05)
+    while not (_warm(src, env, "ping") or {}).get("pid"):
+        if time.perf_counter() - t0 > timeout_s:
+            raise RuntimeError(f"warm server not ready in {timeout_s:.0f} s")
+        time.sleep(0.2)
     return time.perf_counter() - t0
 
 
+def _spread(values: list[float]) -> dict:
+    v = sorted(values)
+    mid = v[len(v) // 2] if len(v) % 2 else (v[len(v) // 2 - 1] + v[len(v) // 2]) / 2
+    return {"median": mid, "min": v[0], "max": v[-1], "n": len(v)}
+
+
 def run(work: Path, quick: bool, log, tiny: TinyModel, ref_ws: Workspace, baseline_src: Path | None) -> dict:
-    reps = 1 if quick else 2
+    reps = 2 if quick else 3
+    big_reps = 1 if quick else reps  # the 192-image commands only serve the intercept
     all_ids, eligible, _ = suite_prompts()
     small_ids = eligible[:SMALL]
-    modes: dict[str, tuple[Path, bool]] = {"cold": (REPO, False), "warm": (REPO, True)}
+    modes: dict[str, tuple[Path, bool]] = {"cold": (SRC, False), "warm": (SRC, True)}
     if baseline_src is not None:
         modes = {"before": (baseline_src.resolve(), False), **modes}
     spaces = {m: Workspace.create(work / f"ws-{m}", tiny, reference_from=ref_ws) for m in modes}
     for m, ws in spaces.items():
         for r in range(reps):
             ws.put_model(f"s{r}", small_ids, seed=100 + r, side=IMAGE_SIDE)
-            ws.put_model(f"b{r}", all_ids, seed=200 + r, side=IMAGE_SIDE)
-    spaces["warm"].put_model("warm-up", small_ids[:1], seed=99, side=IMAGE_SIDE)
-    warm_start_s = _start_warm(REPO, _env(spaces["warm"], REPO, True))
-    # A session's first warm command also starts the workspace's Prefect API: not timed with the others.
-    first = run_measured(_cmd(REPO, ["score", "--model", "warm-up"]), _env(spaces["warm"], REPO, True), cwd=REPO)
-    if first.rc != 0:
-        raise RuntimeError(f"warm-up score failed:\n{first.stderr[-3000:]}")
-    log(f"warm server up in {warm_start_s:.1f}s; first warm command (1 image, starts the Prefect API) {first.wall_s:.1f}s")
-    times: dict[str, dict[str, list[float]]] = {m: {"small": [], "big": []} for m in modes}
+            if r < big_reps:
+                ws.put_model(f"b{r}", all_ids, seed=200 + r, side=IMAGE_SIDE)
+            if m == "warm":
+                ws.put_model(f"first{r}", small_ids, seed=300 + r, side=IMAGE_SIDE)
+                ws.put_model(f"own{r}", small_ids, seed=400 + r, side=IMAGE_SIDE)
+    warm_env = _env(spaces["warm"], SRC, True)
+    _warm(SRC, warm_env, "stop")
+    times: dict[str, dict[str, list[float]]] = {m: {"small": [], "big": []} for m in [*modes, "first", "own-api"]}
+    ready_s: list[float] = []
     others: list[float] = []
+
+    def measure(m: str, size: str, model: str, env: dict[str, str], src: Path) -> None:
+        res = run_measured(_cmd(src, ["score", "--model", model]), env, cwd=src)
+        if res.rc != 0:
+            raise RuntimeError(f"{m} score {model} failed:\n{res.stderr[-3000:]}")
+        times[m][size].append(res.wall_s)
+        if env.get("IMAGEBENCH_WARM") == "off" or m == "first":
+            others.append(res.others)
+        log(f"{m:8s} {size:5s} {model}: {res.wall_s:.1f}s")
+
     try:
         for r in range(reps):
+            # A new day: no server (the stopped one's Prefect API ends within seconds: let it). The
+            # cold command and the first one of the session right after it, with nothing else of ours
+            # running; the first command starts the server as it ends.
+            _warm(SRC, warm_env, "stop")
+            time.sleep(SETTLE_S)
+            measure("cold", "small", f"s{r}", _env(spaces["cold"], SRC, False), SRC)
+            measure("first", "small", f"first{r}", warm_env, SRC)
+            ready_s.append(_wait_ready(SRC, warm_env))
+            # The workspace's Prefect API, started by the first warm command of this server: untimed.
+            spaces["warm"].put_model(f"api-up{r}", small_ids[:1], seed=90 + r, side=IMAGE_SIDE)
+            up = run_measured(_cmd(SRC, ["score", "--model", f"api-up{r}"]), warm_env, cwd=SRC)
+            if up.rc != 0:
+                raise RuntimeError(f"warm-up score failed:\n{up.stderr[-3000:]}")
             order = list(modes) if r % 2 == 0 else list(reversed(modes))
-            for size, model in (("small", f"s{r}"), ("big", f"b{r}")):
+            for m in order:
+                if m != "cold":
+                    src, warm = modes[m]
+                    measure(m, "small", f"s{r}", _env(spaces[m], src, warm), src)
+            if r < big_reps:
                 for m in order:
                     src, warm = modes[m]
-                    res = run_measured(_cmd(src, ["score", "--model", model]), _env(spaces[m], src, warm), cwd=src)
-                    if res.rc != 0:
-                        raise RuntimeError(f"{m} score {model} failed:\n{res.stderr[-3000:]}")
-                    times[m][size].append(res.wall_s)
-                    if not warm:  # a warm command's CPU is spent in the server's child: not ours to count
-                        others.append(res.others)
-                    log(f"rep {r + 1} {m:6s} {size:5s}: {res.wall_s:.1f}s")
+                    measure(m, "big", f"b{r}", _env(spaces[m], src, warm), src)
+            measure("own-api", "small", f"own{r}", {**warm_env, "IMAGEBENCH_WARM_KEEP_API": "off"}, SRC)
     finally:
-        _stop_warm(REPO, _env(spaces["warm"], REPO, True))
-    out: dict = {"reps": reps, "small_images": SMALL, "big_images": len(all_ids), "warm_start_s": warm_start_s,
-                 "warm_first_command_s": first.wall_s,
-                 "others_cpu_max": max(others) if others else None, "modes": {}}
+        _warm(SRC, warm_env, "stop")
+    out: dict = {"quick": quick, "reps": reps, "big_reps": big_reps, "small_images": SMALL, "big_images": len(all_ids),
+                 "server_ready_after_first_s": _spread(ready_s),
+                 "others_cpu_max": max(others) if others else None, "modes": {}, "ratios": {}}
     for m in modes:
         t_s, t_b = min(times[m]["small"]), min(times[m]["big"])
         per_image = (t_b - t_s) / (len(all_ids) - SMALL)
@@ -132,28 +159,62 @@ def run(work: Path, quick: bool, log, tiny: TinyModel, ref_ws: Workspace, baseli
     base = out["modes"].get("before") or out["modes"]["cold"]
     for m, v in out["modes"].items():
         v["fixed_ratio"] = v["fixed_s"] / base["fixed_s"] if base["fixed_s"] > 0 else None
+    cold = times["cold"]["small"]
+    for m in ("first", "warm", "own-api"):
+        out["ratios"][m] = {**_spread([t / c for t, c in zip(times[m]["small"], cold)]), "seconds": times[m]["small"]}
+    out["ratios"]["api_share"] = _spread([(o - w) / c for o, w, c in zip(times["own-api"]["small"], times["warm"]["small"], cold)])
+    out["cold_small_s"] = cold
     return out
+
+
+def _ratio(r: dict) -> str:
+    return f"**{r['median']:.2f}x** ({r['min']:.2f}-{r['max']:.2f})"
 
 
 def markdown(res: dict) -> list[str]:
     base_name = "before" if "before" in res["modes"] else "cold"
+    other = f"{res['others_cpu_max']:.0%}" if res["others_cpu_max"] is not None else "an unknown share"
     lines = [
         f"Fixed cost = intercept of wall time vs images: one model of {res['small_images']} images and one of "
-        f"{res['big_images']} per mode and repetition ({res['reps']}; best of), tiny HPSv3 on CPU, OCR judge off. "
-        f"Other processes used at most {res['others_cpu_max']:.0%} of the CPU while this ran.",
+        f"{res['big_images']} per mode ({res['reps']} repetitions of the small one, {res['big_reps']} of the big one; "
+        f"best of), tiny HPSv3 on CPU, OCR judge off. Other processes used at most {other} of the CPU while this ran."
+        + (" Quick mode: a full run (3 repetitions of each) did not fit on this machine, shared with other jobs."
+           if res.get("quick") else ""),
         "",
         "| mode | command s, " + str(res["small_images"]) + " images | command s, " + str(res["big_images"])
         + " images | per image ms | **fixed s** | fixed / " + base_name + " |",
         "|---|---|---|---|---|---|",
     ]
     names = {"before": "before (baseline tree, cold)", "cold": "now, cold (`IMAGEBENCH_WARM=off`)",
-             "warm": "now, warm server"}
+             "warm": "now, warm server (its Prefect API up)"}
     for m, v in res["modes"].items():
         lines.append(f"| {names[m]} | {v['t_small']:.1f} | {v['t_big']:.1f} | {1000 * v['per_image_s']:.1f} | "
                      f"**{v['fixed_s']:.1f}** | **{v['fixed_ratio']:.2f}x** |")
-    lines += ["", f"The warm server took {res['warm_start_s']:.1f} s to start (imports, GX suites), and the first "
-              f"warm command of the workspace (1 image) {res['warm_first_command_s']:.1f} s, as it also starts the "
-              "workspace's Prefect API: a session pays both once; later commands fork from the server and reuse the API."]
+    r = res["ratios"]
+    cold = res["cold_small_s"]
+    lines += [
+        "",
+        f"Each command of {res['small_images']} images against the cold one of the same repetition (run just before "
+        "the first command, no server of ours running) "
+        f"(cold: {', '.join(f'{t:.1f}' for t in cold)} s); median (range) over {len(cold)} repetitions:",
+        "",
+        "| command | seconds | / cold |",
+        "|---|---|---|",
+        f"| first of a session: no server yet (runs cold, starts the server as it ends) | "
+        f"{', '.join(f'{t:.1f}' for t in r['first']['seconds'])} | {_ratio(r['first'])} |",
+        f"| following: warm server, its Prefect API up | {', '.join(f'{t:.1f}' for t in r['warm']['seconds'])} | "
+        f"{_ratio(r['warm'])} |",
+        f"| warm server, own Prefect API (`IMAGEBENCH_WARM_KEEP_API=off`) | "
+        f"{', '.join(f'{t:.1f}' for t in r['own-api']['seconds'])} | {_ratio(r['own-api'])} |",
+        f"| share due to the long-lived Prefect API: (own API - following) / cold | | {_ratio(r['api_share'])} |",
+        "",
+        f"After the first command, the server was ready {res['server_ready_after_first_s']['median']:.1f} s later "
+        f"(median; {res['server_ready_after_first_s']['min']:.1f}-{res['server_ready_after_first_s']['max']:.1f}): it "
+        "starts as the first command ends (a command meanwhile runs cold) and imports at nice 10. Started beside "
+        "the first command instead, its imports made that command 1.25x-1.9x a cold one here (two runs under load). "
+        "The first warm command of a workspace also starts that workspace's Prefect API (untimed here); the "
+        "following ones fork from the server and reuse the API.",
+    ]
     return lines
 
 
@@ -163,7 +224,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--baseline-src", type=Path, help="source tree of the baseline commit (git archive)")
     p.add_argument("--quick", action="store_true")
-    p.add_argument("--work", type=Path, default=REPO / "bench" / "_work" / "startup")
+    p.add_argument("--work", type=Path, default=Path(__file__).resolve().parent / "_work" / "startup")
     a = p.parse_args()
     from bench_e2e import build_reference_workspace
 

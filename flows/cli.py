@@ -809,7 +809,7 @@ def _serve_with_local_server(settings: Settings, port: int | None) -> None:
     import signal
     import threading
 
-    from flows.server import LocalServer, server_home
+    from flows.server import LocalServer, protect_clients, server_home
 
     port = port or settings.prefect_port
     server = LocalServer(host="127.0.0.1", port=port, home=server_home(settings.home).resolve())
@@ -825,6 +825,7 @@ def _serve_with_local_server(settings: Settings, port: int | None) -> None:
     # starts, talk to this server and keep their state beside it.
     os.environ["PREFECT_API_URL"] = server.api_url
     os.environ["PREFECT_HOME"] = str(server.home)
+    protect_clients(server.home)  # its secret, for this process and the flow runs it starts
     _prefect(settings, quiet=False)  # a server's console shows its runs' errors
 
     stopping, died = threading.Event(), threading.Event()

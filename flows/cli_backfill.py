@@ -37,9 +37,9 @@ def server_api_url(settings: Settings) -> tuple[str | None, str]:
     url = (get_current_settings().api.url or "").strip()
     if url and url != embedded:
         return url, "PREFECT_API_URL in the Prefect settings"
-    from flows.server import API_URL_FILE, recorded_api_url, server_home
+    from flows.server import API_URL_FILE, server_home, use_recorded_api
 
-    url = recorded_api_url(settings.home)
+    url = use_recorded_api(settings.home)
     if url:
         return url, f"the local server of `make serve`, {server_home(settings.home) / API_URL_FILE}"
     return None, ""

@@ -11,6 +11,19 @@ class WorkspaceError(OSError):
     """The workspace (or Prefect's home inside it) cannot be created."""
 
 
+# Defaults only (a value the user exported wins). PREFECT_SERVER_ANALYTICS_ENABLED: without it
+# the ephemeral server prints a "database is locked" telemetry traceback.
+DEFAULTS = {"PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PREFECT_LOGGING_LEVEL": "WARNING",
+            "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "90", "GX_ANALYTICS_ENABLED": "false",
+            "TOKENIZERS_PARALLELISM": "false"}
+
+
+def set_defaults() -> None:
+    """Before Prefect is imported (it sets its logging up on import: the warm server does the same)."""
+    for key, value in DEFAULTS.items():
+        os.environ.setdefault(key, value)
+
+
 def prepare_prefect_env(home: Path) -> None:
     """Keep Prefect's state inside the workspace and quiet on the embedded (ephemeral) API.
 
@@ -24,20 +37,24 @@ def prepare_prefect_env(home: Path) -> None:
             path.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise WorkspaceError(f"cannot create the {what} {path}: {exc.strerror or exc}") from None
-    # Without this the ephemeral server prints a "database is locked" telemetry traceback.
-    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-    os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
-    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "90")
-    os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    set_defaults()
+    from flows import warm
+
+    if not os.environ.get("PREFECT_API_URL"):
+        # Embedded mode: the API this command starts (or its warm server keeps) on this home
+        # requires the home's secret (flows/apiauth.py); a configured API is the user's business.
+        from flows.apiauth import ApiAuthError, protect
+
+        try:
+            protect(Path(os.environ["PREFECT_HOME"]))
+        except ApiAuthError as exc:
+            raise WorkspaceError(str(exc)) from None
     if "prefect.context" in sys.modules:
         # Prefect read its settings when it was imported, before these defaults (a warm server's
         # child, flows/warm.py, or a library caller): read them again, as a cold command would.
         from prefect.context import refresh_global_settings_context
 
         refresh_global_settings_context()
-    from flows import warm
-
     if warm.use_warm_prefect_api():  # a warm server's child: the API it keeps for this home
         from prefect.context import refresh_global_settings_context
 

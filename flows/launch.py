@@ -2,29 +2,35 @@
 rest in this process.
 
 Imports here are the standard library only: deciding costs a few milliseconds, and `sql` or
-`leaderboard` go straight to flows.cli as before.
+`leaderboard` go straight to flows.cli as before. A command never waits for a server to start:
+when none is ready for its environment, it runs cold and starts one as it ends (started beside it,
+the server's imports took CPU from the command on a 2-core machine: bench (f)).
 """
 
 from __future__ import annotations
 
 import os
 import signal
-import socket
-import subprocess
 import sys
-import time
-
-from flows import warm
-
-START_TIMEOUT_S = 120.0  # the server's imports; a first command waits for them once
 
 
-def _command(argv: list[str]) -> str | None:
-    """The sub-command name: the first argument that is not an option (`--debug` comes first)."""
-    for arg in argv:
-        if not arg.startswith("-"):
-            return arg
-    return None
+def _interrupted_early(signum, _frame) -> None:
+    """Ctrl-C before the command has done anything: exit as an interrupted command, no traceback."""
+    os._exit(128 + signum)
+
+
+signal.signal(signal.SIGINT, _interrupted_early)  # first thing: the imports below take time
+
+import selectors  # noqa: E402
+import socket  # noqa: E402
+import subprocess  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+from flows import warm  # noqa: E402
+
+START_TIMEOUT_S = 120.0  # a starter that has not made its server ready by then is taken for dead
+SERVER_GONE_GRACE_S = 10.0  # the command's process gets this long to end on SIGTERM, then SIGKILL
 
 
 def _connect(path) -> socket.socket | None:
@@ -37,86 +43,195 @@ def _connect(path) -> socket.socket | None:
         return None
 
 
-def _start_server(key: str, path, env: dict[str, str]) -> None:
+def _starting(lock) -> bool:
+    """Whether the lock names a server start still under way (its process alive, not too old)."""
+    try:
+        pid = int(lock.read_text() or 0)
+        if time.time() - os.stat(lock).st_mtime > START_TIMEOUT_S:
+            return False
+        if pid:
+            os.kill(pid, 0)
+            return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+        return True  # its starter is between creating the lock and writing the pid
+    except (OSError, ValueError, IndexError):
+        return False
+
+
+def _start_server(key: str, env: dict[str, str]) -> None:
     """Detached (own session, stdio to its log), so it outlives this command and no terminal
-    signal reaches it; it exits when idle."""
-    log_dir = warm.runtime_dir()
-    with open(log_dir / f"warm-{key}.log", "ab") as logf:
-        subprocess.Popen(  # noqa: S603 - our own module, our interpreter
-            [sys.executable, "-m", "flows.warm_server", key],
-            env=env, cwd=str(warm.code_root()), stdin=subprocess.DEVNULL, stdout=logf, stderr=logf,
-            start_new_session=True, close_fds=True,
-        )
+    signal reaches it; it exits when idle. One starter per key: the lock file names the process
+    on its way (the server removes it when ready)."""
+    lock = warm.runtime_dir() / f"warm-{key}.starting"
+    try:
+        fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+    except FileExistsError:
+        if _starting(lock):
+            return
+        lock.unlink(missing_ok=True)  # its starter or server died: start it again
+        return _start_server(key, env)
+    try:
+        warm.make_room(key)
+        logf = os.open(warm.log_path(key), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        try:
+            proc = subprocess.Popen(  # noqa: S603 - our own module, our interpreter
+                [sys.executable, "-m", "flows.warm_server", key],
+                env=env, cwd=str(warm.code_root()), stdin=subprocess.DEVNULL, stdout=logf, stderr=logf,
+                start_new_session=True, close_fds=True,
+            )
+        finally:
+            os.close(logf)
+        os.write(fd, str(proc.pid).encode())
+    finally:
+        os.close(fd)
 
 
-def connect_or_start(env: dict[str, str]) -> socket.socket:
+def connect(env: dict[str, str]) -> tuple[socket.socket, str] | str:
+    """A connection to the ready server of this environment and its cookie; else the key of the
+    server to start (this command then runs cold and starts it as it ends)."""
     key = warm.server_key(env)
     path = warm.socket_path(key)
-    sock = _connect(path)
+    cookie = warm.read_cookie(key)
+    sock = _connect(path) if cookie else None
     if sock is not None:
-        return sock
-    if path.exists():  # a server that died: its socket is stale
-        path.unlink(missing_ok=True)
-    lock = warm.runtime_dir() / f"warm-{key}.starting"
-    try:  # one starter per key: a second command waits for the first one's server
-        fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
-        os.close(fd)
-        _start_server(key, path, env)
-    except FileExistsError:
-        if time.time() - os.stat(lock).st_mtime > START_TIMEOUT_S:  # a starter that died
-            lock.unlink(missing_ok=True)
-    deadline = time.monotonic() + START_TIMEOUT_S
-    try:
-        while time.monotonic() < deadline:
-            sock = _connect(path)
-            if sock is not None:
-                return sock
-            time.sleep(0.05)
-    finally:
-        lock.unlink(missing_ok=True)
-    raise warm.WarmUnavailable(f"the warm server did not start within {START_TIMEOUT_S:.0f} s (log: {warm.runtime_dir()}/warm-{key}.log)")
+        return sock, cookie
+    if path.exists():  # a server that died: its files are stale
+        warm.remove_files(key)
+    return key
 
 
-def run_warm(argv: list[str]) -> int:
-    """Run ``imagebench ARGV`` in a child of the warm server; its exit status."""
-    env = dict(os.environ)
-    sock = connect_or_start(env)
-    with sock:
-        warm.send_json(sock, {"op": "run", "argv": argv, "env": env, "cwd": os.getcwd()}, fds=[0, 1, 2])
-        buf = bytearray()
-        reply, _ = warm.recv_json(sock, buf)
-        if reply is None or "pid" not in reply:
-            raise warm.WarmUnavailable(f"the warm server refused the command: {reply}")
-        child = int(reply["pid"])
+class _Client:
+    """Signals before the server answered with the command's pid are kept, then forwarded."""
 
-        def forward(signum, _frame) -> None:
+    def __init__(self) -> None:
+        self.sent = False
+        self.child: int | None = None
+        self.pending: list[int] = []
+
+    def on_signal(self, signum, _frame) -> None:
+        if self.child is not None:
             try:
-                os.kill(child, signum)
+                os.kill(self.child, signum)
             except ProcessLookupError:
                 pass
+        elif not self.sent:
+            os._exit(128 + signum)  # nothing sent: nothing to stop
+        else:
+            self.pending.append(signum)
 
-        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-            signal.signal(sig, forward)
+    def got_pid(self, pid: int) -> None:
+        self.child = pid
+        for signum in self.pending:
+            self.on_signal(signum, None)
+
+
+def _exit_of(sock: socket.socket, buf: bytearray) -> int | None:
+    """The exit status sent on ``sock`` (None at EOF or on a broken connection)."""
+    try:
+        reply, _ = warm.recv_json(sock, buf)
+    except (OSError, ValueError):
+        return None
+    return int(reply["exit"]) if reply and "exit" in reply else None
+
+
+def run_warm(sock: socket.socket, cookie: str, argv: list[str]) -> int:
+    """Run ``imagebench ARGV`` in a child of the warm server; its exit status. The child reports
+    it on a channel of its own; the server's connection says whether the server still lives."""
+    client = _Client()
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, client.on_signal)
+    mine, childs = socket.socketpair()
+    with sock, mine:
+        request = {"op": "run", "argv": argv, "env": dict(os.environ), "cwd": os.getcwd(), "cookie": cookie}
+        client.sent = True
         try:
-            reply, _ = warm.recv_json(sock, buf)
-        except (OSError, ValueError):  # dispatched: never run it a second time, cold
-            reply = None
-        if reply is None:  # the server died under the command
-            print("error: the warm imagebench server stopped while running this command", file=sys.stderr)
-            return 1
-        return int(reply["exit"])
+            warm.send_json(sock, request, fds=[0, 1, 2, childs.fileno()])
+        finally:
+            childs.close()
+        buf = bytearray()
+        reply, _ = warm.recv_json(sock, buf)
+        if reply is None or "pid" not in reply:  # refused: nothing ran, so the command runs cold
+            client.sent = False
+            raise warm.WarmUnavailable(f"the warm server refused the command: {(reply or {}).get('error', reply)}")
+        client.got_pid(int(reply["pid"]))
+        sel = selectors.DefaultSelector()
+        sel.register(mine, selectors.EVENT_READ)
+        sel.register(sock, selectors.EVENT_READ)
+        mine_buf = bytearray()
+        while True:
+            ready = {key.fileobj for key, _ in sel.select()}
+            if mine in ready:  # the command's own word; EOF without it: killed, the server says how
+                code = _exit_of(mine, mine_buf)
+                if code is not None:
+                    return code
+                sel.unregister(mine)
+                sock.settimeout(5.0)
+                code = _exit_of(sock, buf)
+                return code if code is not None else _server_gone(client.child, None)
+            if sock in ready:
+                code = _exit_of(sock, buf)
+                if code is not None:
+                    return code
+                return _server_gone(client.child, mine)
+
+
+def _server_gone(child: int, channel: socket.socket | None) -> int:
+    """The server died under the command: its Prefect API went with it, so the command is
+    stopped (it would only retry a dead API) and this is said in one line."""
+    if channel is not None:
+        channel.setblocking(False)
+        try:  # it may have told its status a moment before
+            code = _exit_of(channel, bytearray())
+            if code is not None:
+                return code
+        except BlockingIOError:
+            pass
+        channel.setblocking(True)
+        try:
+            os.kill(child, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+        channel.settimeout(SERVER_GONE_GRACE_S)
+        try:
+            while channel.recv(4096):
+                pass
+        except OSError:
+            try:
+                os.kill(child, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    print(f"imagebench: error: the warm server stopped while running this command (process {child}, now "
+          "stopped); its run's record: `imagebench runs`, and $IMAGEBENCH_HOME/logs/imagebench.log",
+          file=sys.stderr)
+    return 1
 
 
 def main() -> None:
     argv = sys.argv[1:]
-    if warm.mode() != "off" and _command(argv) in warm.WARM_COMMANDS and "--help" not in argv:
+    to_start = None  # the key of the server this command starts as it ends
+    if warm.mode() != "off" and warm.command_of(argv) in warm.WARM_COMMANDS and "--help" not in argv:
+        env = dict(os.environ)
         try:
-            sys.exit(run_warm(argv))
+            found = connect(env)
+            if not isinstance(found, str):
+                sys.exit(run_warm(*found, argv))
+            to_start = found
         except (warm.WarmUnavailable, OSError) as exc:
             print(f"imagebench: running cold ({exc})", file=sys.stderr)
-    from flows.cli import main as cold_main
+        for sig in (signal.SIGTERM, signal.SIGHUP):
+            signal.signal(sig, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, _interrupted_early)
+    try:
+        from flows.cli import main as cold_main
 
-    cold_main()
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # from here on the command's own handling
+        cold_main()
+    finally:
+        if to_start is not None:  # the next command of this environment will be warm
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+            try:
+                _start_server(to_start, env)
+            except (warm.WarmUnavailable, OSError):
+                pass
 
 
 if __name__ == "__main__":

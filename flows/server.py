@@ -4,7 +4,9 @@
 ``PREFECT_HOME`` inside the workspace (``$IMAGEBENCH_HOME/prefect-server``, apart from the embedded
 mode's ``$IMAGEBENCH_HOME/prefect``), waits until ``/api/health`` answers, serves the deployments
 against it and stops it on exit. While it runs, ``$IMAGEBENCH_HOME/prefect-server/api-url`` holds
-its API URL, so ``imagebench backfill`` finds it without ``PREFECT_API_URL``.
+its API URL, so ``imagebench backfill`` finds it without ``PREFECT_API_URL``. The server requires
+Prefect's auth string, the secret in ``<home>/api-auth`` (flows/apiauth.py): ``serve`` and
+``backfill`` read it from there; the UI asks for it.
 
 The server is stopped with SIGTERM (uvicorn's graceful shutdown), then SIGKILL after a grace
 period; it runs in its own process group (a Ctrl-C in the terminal reaches ``imagebench serve``
@@ -86,6 +88,25 @@ def recorded_api_url(imagebench_home: Path) -> str | None:
     return url if url and api_healthy(url) else None
 
 
+def protect_clients(home: Path) -> None:
+    """This process's Prefect clients (and the flow runs it starts) send the secret of the server on ``home``."""
+    from flows import apiauth
+
+    apiauth.protect(home, server=False)
+
+
+def use_recorded_api(imagebench_home: Path) -> str | None:
+    """:func:`recorded_api_url`, with this process's Prefect client given the server's secret."""
+    url = recorded_api_url(imagebench_home)
+    if url:
+        protect_clients(server_home(imagebench_home))
+        if "prefect.context" in sys.modules:  # Prefect read its settings already: again, with the secret
+            from prefect.context import refresh_global_settings_context
+
+            refresh_global_settings_context()
+    return url
+
+
 def _die_with_parent() -> None:  # runs in the child between fork and exec
     os.setsid()
     if sys.platform.startswith("linux"):
@@ -103,6 +124,7 @@ class LocalServer:
     host: str
     port: int
     home: Path
+    auth: bool = True  # require the secret in <home>/api-auth (flows/apiauth.py)
     process: subprocess.Popen | None = None
     started_in_s: float | None = None
     _log: object | None = field(default=None, repr=False)
@@ -139,6 +161,12 @@ class LocalServer:
         # The server does not talk to an API; a client-side URL here would only confuse it.
         env.pop("PREFECT_API_URL", None)
         env.setdefault("PREFECT_SERVER_LOGGING_LEVEL", "WARNING")
+        if self.auth:
+            from flows import apiauth
+
+            env.update(apiauth.server_environment(self.home))
+        else:  # a stand-in for a server of the user's own (tests): no secret of ours
+            env.pop("PREFECT_SERVER_API_AUTH_STRING", None)
         return env
 
     def start(self, timeout: float = STARTUP_TIMEOUT_S, wait: bool = True) -> "LocalServer":

@@ -52,7 +52,7 @@ def prefect_harness():
     os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
     from prefect.testing.utilities import prefect_test_harness
 
-    with prefect_test_harness(server_startup_timeout=120):
+    with prefect_test_harness(server_startup_timeout=600):  # a machine shared with other jobs: minutes
         yield
 
 

@@ -103,6 +103,9 @@ def test_flows_take_their_runner_from_the_environment_at_import():
 _EMBEDDED_API_PROBE = """
 import json
 import os
+from pathlib import Path
+from flows.env import prepare_prefect_env
+prepare_prefect_env(Path(os.environ["PREFECT_HOME"]).parent)  # as a command: the API requires its secret
 from prefect import flow, task
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
@@ -152,6 +155,7 @@ def test_workers_report_to_the_embedded_api(tmp_path):
     script.write_text(_EMBEDDED_API_PROBE)
     out = subprocess.run([sys.executable, str(script)], cwd=REPO, env=env, capture_output=True, text=True, timeout=240)
     assert out.returncode == 0 and "OK http://127.0.0.1:" in out.stdout, (out.stdout + out.stderr)[-3000:]
+    assert (tmp_path / "prefect" / "api-auth").stat().st_mode & 0o777 == 0o600  # the workers had the secret
 
 
 def test_gpu_request_annotates_only_under_dask(runner_env):

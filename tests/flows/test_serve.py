@@ -58,15 +58,16 @@ def _env(tmp_path: Path, api_url: str | None, **extra: str) -> dict[str, str]:
     return env
 
 
-def _client(api_url: str):
-    """A sync Prefect client on ``api_url``, whatever this test process was configured with."""
+def _client(api_url: str, auth: str | None = None):
+    """A sync Prefect client on ``api_url`` (with the server's auth string ``auth``), whatever this
+    test process was configured with."""
     from contextlib import ExitStack
 
     from prefect.client.orchestration import get_client
-    from prefect.settings import PREFECT_API_URL, temporary_settings
+    from prefect.settings import PREFECT_API_AUTH_STRING, PREFECT_API_URL, temporary_settings
 
     stack = ExitStack()
-    stack.enter_context(temporary_settings(updates={PREFECT_API_URL: api_url}))
+    stack.enter_context(temporary_settings(updates={PREFECT_API_URL: api_url, PREFECT_API_AUTH_STRING: auth}))
     client = stack.enter_context(get_client(sync_client=True))
     client._imagebench_stack = stack  # closed by _close()
     return client
@@ -76,10 +77,10 @@ def _close(client) -> None:
     client._imagebench_stack.close()
 
 
-def _read_deployment(api_url: str, name: str):
+def _read_deployment(api_url: str, name: str, auth: str | None = None):
     from prefect.exceptions import ObjectNotFound
 
-    client = _client(api_url)
+    client = _client(api_url, auth)
     try:
         return client.read_deployment_by_name(name)
     except ObjectNotFound:
@@ -198,7 +199,9 @@ def prefect_server(tmp_path_factory):
     """
     from flows.server import LocalServer, free_port
 
-    server = LocalServer(host="127.0.0.1", port=free_port(), home=tmp_path_factory.mktemp("prefect-server-home"))
+    # A stand-in for a server the user runs and configures with PREFECT_API_URL: its auth is theirs.
+    server = LocalServer(host="127.0.0.1", port=free_port(), home=tmp_path_factory.mktemp("prefect-server-home"),
+                         auth=False)
     server.start(wait=False)
     try:
         yield server
@@ -470,13 +473,25 @@ def test_local_server_stops_on_sigterm(prefect_server, workspace, tmp_path):
     try:
         api = f"http://127.0.0.1:{port}/api"
 
+        def secret() -> str:  # made by the server's start: flows/apiauth.py
+            return (home / "api-auth").read_text().strip()
+
         def served():  # registered by this `serve` (module entrypoint) and polled by its runner
-            d = _read_deployment(api, "score-model/backfill") if api_healthy(api) else None
+            d = _read_deployment(api, "score-model/backfill", secret()) if api_healthy(api) else None
             return (d is not None and d.entrypoint == "flows.pipeline.score_model_flow"
                     and d.last_polled is not None and d.last_polled > started)
 
         _wait_for(served, 120, "the local server and the served deployments", proc, log)
         assert recorded_api_url(workspace) == api  # how `imagebench backfill` finds it
+        # Its API requires the secret in its home (0600): refused without it, or with another.
+        import base64
+
+        import httpx
+
+        assert (home / "api-auth").stat().st_mode & 0o777 == 0o600
+        for headers in ({}, {"Authorization": "Basic " + base64.b64encode(b"guess").decode()}):
+            assert httpx.post(f"{api}/deployments/filter", json={}, headers=headers).status_code == 401
+            assert httpx.post(f"{api}/flows/", json={"name": "intruder"}, headers=headers).status_code == 401
         text = log.read_text()
         assert "PREFECT_API_URL=http://127.0.0.1:9/api is set, but --local-server" in text
         assert f"UI:        http://127.0.0.1:{port}" in text and "imagebench backfill --model M" in text
