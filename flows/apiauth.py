@@ -25,6 +25,20 @@ AUTH_FILE = "api-auth"  # in the Prefect home the API keeps its database in
 SERVER_VAR = "PREFECT_SERVER_API_AUTH_STRING"
 CLIENT_VAR = "PREFECT_API_AUTH_STRING"
 _set_by_us: set[str] = set()  # values this process exported: a later workspace may replace them
+# Fingerprints of the values imagebench exported, passed down to child processes: a child (a served
+# flow run, `serve`, a command a test or a script starts) inherits the parent's secret, and must not
+# mistake it for one the user exported (it would then keep another API's secret and get 401s).
+OURS_VAR = "IMAGEBENCH_API_AUTH_OURS"
+
+
+def _fingerprint(value: str) -> str:
+    import hashlib
+
+    return hashlib.sha256(value.encode()).hexdigest()[:16]
+
+
+def _ours(value: str) -> bool:
+    return value in _set_by_us or _fingerprint(value) in os.environ.get(OURS_VAR, "").split()
 
 
 class ApiAuthError(OSError):
@@ -65,9 +79,12 @@ def auth_string(prefect_home: Path) -> str:
 
 def _export(var: str, value: str) -> None:
     current = os.environ.get(var)
-    if current is None or current in _set_by_us:
+    if current is None or _ours(current):
         os.environ[var] = value
         _set_by_us.add(value)
+        marks = os.environ.get(OURS_VAR, "").split()
+        if _fingerprint(value) not in marks:
+            os.environ[OURS_VAR] = " ".join([*marks, _fingerprint(value)][-8:])
 
 
 def protect(prefect_home: Path, server: bool = True) -> None:
