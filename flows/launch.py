@@ -224,7 +224,10 @@ def main() -> None:
         from flows.cli import main as cold_main
 
         signal.signal(signal.SIGINT, signal.default_int_handler)  # from here on the command's own handling
-        cold_main()
+        try:
+            cold_main()
+        except KeyboardInterrupt:  # before the command's own handling took over (Typer building the app)
+            sys.exit(128 + signal.SIGINT)
     finally:
         if to_start is not None:  # the next command of this environment will be warm
             signal.signal(signal.SIGINT, signal.SIG_IGN)
