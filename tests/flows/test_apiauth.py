@@ -33,12 +33,15 @@ def test_an_inherited_secret_of_ours_is_replaced_and_a_users_own_is_kept(tmp_pat
     for var in (apiauth.SERVER_VAR, apiauth.CLIENT_VAR, apiauth.OURS_VAR):
         monkeypatch.delenv(var, raising=False)
     first, second = tmp_path / "first", tmp_path / "second"
-    apiauth.protect(first)  # this process talked to the first API ...
-    assert os.environ[apiauth.CLIENT_VAR] == apiauth.auth_string(first)
-    got = _child(second, dict(os.environ))  # ... and starts a command whose API lives in another home
+    # What a child of a process that talked to the first API inherits (this process stays untouched).
+    inherited = dict(os.environ)
+    value = apiauth.auth_string(first)
+    inherited[apiauth.SERVER_VAR] = inherited[apiauth.CLIENT_VAR] = value
+    inherited[apiauth.OURS_VAR] = apiauth._fingerprint(value)
+    got = _child(second, inherited)  # a command whose API lives in another home
     want = apiauth.auth_string(second)
-    assert got == {apiauth.SERVER_VAR: want, apiauth.CLIENT_VAR: want}
+    assert want != value and got == {apiauth.SERVER_VAR: want, apiauth.CLIENT_VAR: want}
 
-    user_env = {k: v for k, v in os.environ.items() if k not in (apiauth.SERVER_VAR, apiauth.CLIENT_VAR, apiauth.OURS_VAR)}
+    user_env = dict(os.environ)
     user_env[apiauth.SERVER_VAR] = user_env[apiauth.CLIENT_VAR] = "the-users-own"
     assert _child(second, user_env) == {apiauth.SERVER_VAR: "the-users-own", apiauth.CLIENT_VAR: "the-users-own"}

@@ -156,9 +156,11 @@ def _synthetic_reference(version: str) -> None:
 
 
 def _flow_run_ids(api_url: str) -> set:
+    """Flow runs that ran or were asked for: not the nightly's future runs, which Prefect's scheduler
+    creates on its own at any moment while `serve` runs."""
     client = _client(api_url)
     try:
-        return {r.id for r in client.read_flow_runs()}
+        return {r.id for r in client.read_flow_runs() if not r.auto_scheduled}
     finally:
         _close(client)
 
