@@ -236,17 +236,10 @@ def missing_images(ingested: dict[str, list[dict]]) -> dict[str, list[str]]:
 def _write_prereg(d: Path, prereg: PreRegistration) -> None:
     """Create-once: a complete temp file hard-linked to the name (fails if it exists), read-only,
     then pinned in SHA256SUMS."""
+    from tasks.panel.db import write_once_read_only
+
     data = prereg.to_json_bytes()
-    fd, tmp = tempfile.mkstemp(dir=d, prefix=".prereg.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.link(tmp, d / PREREG_FILE)
-    finally:
-        os.unlink(tmp)
-    os.chmod(d / PREREG_FILE, 0o444)
+    write_once_read_only(d / PREREG_FILE, data)
     with open(d / SUMS_FILE, "a", encoding="utf-8") as fh:
         fh.write(f"{hashlib.sha256(data).hexdigest()}  {PREREG_FILE}\n")
         fh.flush()

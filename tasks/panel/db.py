@@ -187,21 +187,27 @@ def read_record(study_dir: Path) -> PanelStoreRecord | None:
         raise StoreMismatch(f"{path} is not a panel store record ({one_line(exc)[:200]}): restore it from a backup") from None
 
 
+def write_once_read_only(path: Path, data: bytes) -> None:
+    """Write ``path`` whole (fsynced) and only if it does not exist (hard-link create-once:
+    FileExistsError otherwise), then make it read-only: a study's records are never rewritten."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.link(tmp, path)
+    finally:
+        os.unlink(tmp)
+    os.chmod(path, 0o444)
+
+
 def write_record(study_dir: Path, url: str | URL, store_id: str) -> PanelStoreRecord:
     """Create-once (a complete temp file hard-linked to the name: fails if one exists), read-only."""
     record = PanelStoreRecord(url=public_url(url), store_id=store_id, recorded_at=datetime.now(UTC).isoformat())
     d = Path(study_dir)
     d.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=d, prefix=".panel-store.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(json.dumps(record.model_dump(), indent=1, sort_keys=True) + "\n")
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.link(tmp, d / PANEL_STORE_RECORD_FILE)
-    finally:
-        os.unlink(tmp)
-    os.chmod(d / PANEL_STORE_RECORD_FILE, 0o444)
+    write_once_read_only(d / PANEL_STORE_RECORD_FILE, (json.dumps(record.model_dump(), indent=1, sort_keys=True) + "\n").encode())
     return record
 
 
