@@ -570,6 +570,9 @@ def _h5(panel: Panel, bi: np.ndarray, bi_draws: np.ndarray, weights: BootstrapWe
     name = "share of prompts the host tool wins"
     if host is None or host not in panel.tools:
         return _untested("H5", test, name, "no host tool declared among the answered tools", panel.simulated)
+    if len(panel.tools) < 2:
+        # Alone on the panel the host "wins" every prompt by default: no comparison was made.
+        return _untested("H5", test, name, f"only {host} was answered; a win needs a second tool", panel.simulated)
     h = panel.tools.index(host)
     rates, _ = _rates(panel, np.ones((1, len(panel.judges))))
     rates = rates[0]
