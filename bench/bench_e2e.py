@@ -45,8 +45,8 @@ def build_reference_workspace(root: Path, tiny: TinyModel, log, baseline: tuple[
     import os
 
     from schemas.settings import load_settings
-    from tasks import work
-    from tasks.reference import build_reference
+    from tasks.runs import pinned, run_ids, units_aggregate, units_hps, units_ingest
+    from tasks.scores.reference import build_reference
 
     t0 = time.perf_counter()
     ws = Workspace.create(root, tiny)
@@ -58,23 +58,23 @@ def build_reference_workspace(root: Path, tiny: TinyModel, log, baseline: tuple[
         home=ws.home, reference_dir=ws.refdir, reference_version=REFERENCE_VERSION, store=None,
         hpsv3_base_model=str(tiny.base), hpsv3_checkpoint=str(tiny.checkpoint), device="cpu", dtype="auto",
     )
-    suite = work.load_pinned_suite(settings)
-    spec = work.ScorerSpec.from_settings(settings)
-    identity = work.scorer_identity(spec)
+    suite = pinned.load_pinned_suite(settings)
+    spec = pinned.ScorerSpec.from_settings(settings)
+    identity = pinned.scorer_identity(spec)
     for model in baseline:
-        work.ingest_and_publish(settings, suite, model)
-        plan = work.plan_hps_batches(settings, suite, model, identity.scorer_id, settings.task_batch_size)
-        shards = [work.score_hps_batch(settings, suite, b, spec) for b in plan]
-        work.publish_hps_scores(settings, suite, model, identity.scorer_id, shards)
+        units_ingest.ingest_and_publish(settings, suite, model)
+        plan = units_hps.plan_hps_batches(settings, suite, model, identity.scorer_id, settings.task_batch_size)
+        shards = [units_hps.score_hps_batch(settings, suite, b, spec) for b in plan]
+        units_hps.publish_hps_scores(settings, suite, model, identity.scorer_id, shards)
     build_reference(
         version=REFERENCE_VERSION,
         baseline_models=list(baseline),
-        scores=work.current_scores(settings, list(baseline), identity),
+        scores=units_aggregate.current_scores(settings, list(baseline), identity),
         suite=suite,
         scorer=identity,
         reference_dir=settings.reference_dir,
-        created_at=work.utcnow().isoformat(),
-        **({"golden": work.golden_for_reference(settings, spec)} if hasattr(work, "golden_for_reference") else {}),  # the canary's
+        created_at=run_ids.utcnow().isoformat(),
+        golden=pinned.golden_for_reference(settings, spec),  # the canary's
     )
     log(f"reference {REFERENCE_VERSION} built from {len(baseline)} baseline models in {time.perf_counter() - t0:.1f}s")
     return ws
@@ -86,7 +86,7 @@ def _hps_stage(ws: Workspace) -> dict:
 
 
 def _pipeline_mu(ws: Workspace) -> dict[str, float]:
-    from tasks.lake import Lake
+    from tasks.lake.tables import Lake
 
     rows = Lake(ws.home / "lake").read("hps_scores", [MODEL]).to_pylist()
     return {r["prompt_id"]: r["mu"] for r in rows}

@@ -214,7 +214,7 @@ def per_model_commands(ws: Workspace, env: dict[str, str], folder: Path, prompts
 def lake_rows(home: Path) -> dict[str, list[tuple]]:
     """The lake's rows of the three tables an import writes, without timestamps, run ids and the
     reference file's sha256 (each workspace builds its own reference: same mu, its own build time)."""
-    from tasks.lake import Lake
+    from tasks.lake.tables import Lake
 
     lake = Lake(home / "lake")
     skip = {"scored_at", "decided_at", "run_id", "reference_sha256"}

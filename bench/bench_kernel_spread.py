@@ -39,7 +39,7 @@ KERNEL_VARS = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCT
 
 _CHILD = """
 import json, sys
-from tasks.golden import load_golden_set
+from tasks.scores.golden import load_golden_set
 from tasks.hpsv3.scorer import HPSv3Scorer
 base, ckpt, dtype, batch = sys.argv[1:5]
 golden = load_golden_set("reference")
@@ -62,7 +62,7 @@ def score(base: Path, ckpt: Path, dtype: str, batch: int, setting: dict[str, str
 
 
 def main() -> None:
-    from tasks.golden import TOLERANCE_BY_DTYPE
+    from tasks.scores.golden import TOLERANCE_BY_DTYPE
     from tasks.hpsv3.cpu import cpu_facts
     from tasks.hpsv3.tiny import write_tiny_base_model, write_tiny_checkpoint
 

@@ -13,7 +13,7 @@ read_only=True)`` (no imagebench code):
 against the compacted catalog (new) and against plain per-model glob views over
 ``<lake>/<table>/*/data.parquet`` (the old layout's views) in the same run, so old/new is one
 run's ratio. Then it rewrites 1, 10 and 50 models (as a nightly does) and times
-``tasks.lake.refresh_catalog`` after each.
+``tasks.lake.tables.refresh_catalog`` after each.
 
     .venv/bin/python bench/bench_lake.py --models 10000 --lake /tmp/lake10k   # builds once, reuses
     .venv/bin/python bench/bench_lake.py --models 1000                        # temp dir
@@ -76,7 +76,7 @@ def _templates():
     import pyarrow as pa
 
     from schemas.lake import HPS_SCORES, IMAGES, MODEL_SCORES, VERDICTS
-    from tasks.suite import load_suite
+    from tasks.scores.suite import load_suite
 
     suite = load_suite(SUITE_FILE)
     ids = [p.prompt_id for p in suite.prompts]
@@ -122,7 +122,7 @@ def write_models(lake_dir: str, indices: list[int], version: int = 0) -> None:
     version, so a rewrite changes the rows)."""
     import pyarrow as pa
 
-    from tasks.lake import Lake
+    from tasks.lake.tables import Lake
 
     lake = Lake(lake_dir)
     _, images, hps, verdicts, score = _templates()
@@ -197,7 +197,7 @@ def old_catalog(lake_dir: Path, new_catalog: Path, path: Path) -> Path:
     catalog/4 held), the same prompts and the same leaderboard SQL: the ratio is the layout's."""
     import duckdb
 
-    from tasks import lake as lake_mod
+    from tasks.lake.tables import tables as lake_mod
 
     path.unlink(missing_ok=True)
     con = duckdb.connect(str(path))
@@ -236,8 +236,8 @@ def run(models: int, lake: Path | None, workers: int, repeats: int) -> dict:
     from types import SimpleNamespace
 
     args = SimpleNamespace(models=models, lake=lake, workers=workers, repeats=repeats)
-    from tasks.lake import refresh_catalog
-    from tasks.suite import load_suite
+    from tasks.lake.tables import refresh_catalog
+    from tasks.scores.suite import load_suite
 
     suite = load_suite(SUITE_FILE)
     tmp = None

@@ -198,7 +198,7 @@ def _first_last(durations: list[float]) -> dict:
 
 def _one_run(work: Path, tiny, ref_ws, n_models: int, task_batch: int, log, label: str) -> dict:
     from common import PY, Workspace, hps_task_stats, run_measured, suite_prompts, task_run_spans
-    from tasks.lake import Lake
+    from tasks.lake.tables import Lake
 
     all_ids, eligible, _ = suite_prompts()
     ws = Workspace.create(work / f"nightly-{label}", tiny, reference_from=ref_ws)

@@ -48,8 +48,8 @@ def _copy_lake(src_home: Path, dst_home: Path) -> None:
 def _build_small(home: Path, n: int) -> None:
     from bench_lake import REFERENCE, SUITE_FILE, build_lake
 
-    from tasks.lake import refresh_catalog
-    from tasks.suite import load_suite
+    from tasks.lake.tables import refresh_catalog
+    from tasks.scores.suite import load_suite
 
     build_lake(home / "lake", n, os.cpu_count() or 2)
     refresh_catalog(home / "lake", home / "imagebench.duckdb", load_suite(SUITE_FILE), REFERENCE, full=True)
@@ -58,7 +58,7 @@ def _build_small(home: Path, n: int) -> None:
 def listing_ms(ws_objects: Path) -> float:
     """One model's object listing (192 files) in the local store: what discovery pays per model
     the store lists."""
-    from tasks.storage import LocalStore
+    from tasks.store.storage import LocalStore
 
     store = LocalStore(ws_objects)
     t = time.perf_counter()
@@ -70,7 +70,7 @@ def listing_ms(ws_objects: Path) -> float:
 def one(work: Path, tiny, ref_ws, lake_home: Path | None, n: int, src: Path, label: str, log) -> dict:
     from common import PY, Workspace, run_measured, suite_prompts
 
-    from tasks.lake import Lake
+    from tasks.lake.tables import Lake
 
     all_ids, _, _ = suite_prompts()
     ws = Workspace.create(work / f"nightly-lake-{label}", tiny, reference_from=ref_ws)

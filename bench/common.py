@@ -145,7 +145,7 @@ def image_bytes(seed: int, width: int, height: int, fmt: str = "PNG") -> bytes:
 
 def suite_prompts() -> tuple[list[str], list[str], dict[str, str]]:
     """(all prompt ids, EPS-eligible prompt ids, prompt id -> prompt text) of the v1 suite."""
-    from tasks.suite import load_suite
+    from tasks.scores.suite import load_suite
 
     suite = load_suite(SUITE_FILE)
     ids = [p.prompt_id for p in suite.prompts]
@@ -197,7 +197,7 @@ class Workspace:
     def create(cls, root: Path, tiny: TinyModel, reference_from: "Workspace | None" = None) -> "Workspace":
         """New workspace. ``reference_from``: copy that workspace's reference dir (suite, frozen
         reference, SHA256SUMS) instead of pinning a fresh suite, so no reference build is needed."""
-        from tasks.reference import pin_suite
+        from tasks.scores.reference import pin_suite
 
         if root.exists():
             shutil.rmtree(root)
@@ -213,7 +213,7 @@ class Workspace:
                 shutil.copyfile(src, ws.refdir / src.name)
                 pin_suite(ws.refdir, ws.refdir / src.name)
             try:
-                from tasks.golden import copy_golden_set  # since issue 8: a new reference stores the golden mu
+                from tasks.scores.golden import copy_golden_set  # since issue 8: a new reference stores the golden mu
             except ImportError:  # an older source tree (--src) without the canary
                 copy_golden_set = None
             if copy_golden_set is not None:

@@ -585,7 +585,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import transformers
 
-    from tasks.suite import load_suite
+    from tasks.scores.suite import load_suite
 
     suite = load_suite(Path(os.environ.get("BENCH_SRC") or REPO) / "reference" / "suite-imagebench-v1.jsonl")
     prompts = [p.prompt for p in suite.prompts if p.eps_eligible]

@@ -22,16 +22,16 @@ from pathlib import Path
 
 PHASES = {
     # (module, function): label
-    ("tasks.imports", "_read_any"): "read the file",
-    ("tasks.imports", "parse_scores"): "parse + check rows",
-    ("tasks.imports", "parse_verdicts"): "parse + check rows",
-    ("tasks.imports", "_check_all"): "validation (Great Expectations) of the new rows",
-    ("tasks.work", "for_each_model"): "write partitions (8 threads)",
-    ("tasks.work", "aggregate_models"): "aggregate (EPS, Capability, intervals)",
-    ("tasks.work", "read_models"): "read partitions back",
-    ("tasks.stats", "bootstrap_scores"): "bootstrap",
-    ("tasks.validation", "require_valid"): "validation (all Great Expectations calls)",
-    ("tasks.work", "refresh"): "catalog refresh",
+    ("tasks.lake.imports", "_read_any"): "read the file",
+    ("tasks.lake.imports", "parse_scores"): "parse + check rows",
+    ("tasks.lake.imports", "parse_verdicts"): "parse + check rows",
+    ("tasks.lake.imports", "_check_all"): "validation (Great Expectations) of the new rows",
+    ("tasks.runs", "for_each_model"): "write partitions (8 threads)",
+    ("tasks.runs", "aggregate_models"): "aggregate (EPS, Capability, intervals)",
+    ("tasks.runs", "read_models"): "read partitions back",
+    ("tasks.scores.stats", "bootstrap_scores"): "bootstrap",
+    ("tasks.lake.validation", "require_valid"): "validation (all Great Expectations calls)",
+    ("tasks.runs", "refresh"): "catalog refresh",
 }
 
 

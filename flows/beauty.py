@@ -54,9 +54,9 @@ def write_task(settings: Settings, tables: publish.StudyTables) -> list[str]:
 
 @task(name="refresh-catalog", cache_policy=NO_CACHE)
 def refresh_task(settings: Settings) -> str:
-    from tasks import work
+    from tasks.runs import pinned, units_aggregate
 
-    return str(work.refresh(settings, work.load_pinned_suite(settings)))
+    return str(units_aggregate.refresh(settings, pinned.load_pinned_suite(settings)))
 
 
 def summary_markdown(tables: publish.StudyTables) -> str:

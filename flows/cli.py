@@ -125,18 +125,18 @@ def _precheck(settings: Settings, model: str | None = None, objects: bool = Fals
     the model id's form, the pinned suite, the reference file's SHA256SUMS line and, with
     ``objects``, that the store holds objects of the model (one listing: a typo or a wrong
     prefix is named here once, not from inside the flow)."""
-    from tasks.reference import verify_reference_file
-    from tasks.storage import validate_model_id
-    from tasks.work import load_pinned_suite
+    from tasks.scores.reference import verify_reference_file
+    from tasks.store.storage import validate_model_id
+    from tasks.runs.pinned import load_pinned_suite
 
     if model is not None:
         validate_model_id(model)
     load_pinned_suite(settings)
     verify_reference_file(settings.reference_dir, settings.reference_version)
     if model is not None and objects:
-        from tasks.lake import Lake
-        from tasks.models import require_objects
-        from tasks.work import open_configured_store
+        from tasks.lake.tables import Lake
+        from tasks.runs.models import require_objects
+        from tasks.runs.units_ingest import open_configured_store
 
         store = open_configured_store(settings)
         require_objects(store, Lake(settings.lake_dir), model, len(store.list_model_objects(model)))
@@ -164,7 +164,7 @@ def _report_crashed(settings: Settings) -> None:
     """Runs of this workspace whose process died (killed, machine stopped): recorded as crashed."""
     from rich.markup import escape
 
-    from tasks.runstate import describe, settle_crashed
+    from tasks.runs.state import describe, settle_crashed
 
     try:
         crashed = settle_crashed(settings.home, settings.lake_dir)
@@ -182,7 +182,7 @@ def _progress():
     """Rich progress bars for whatever long work runs inside (ingest, HPSv3 batches)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from tasks import progress as hooks
+    from tasks.runs import progress as hooks
 
     bars = Progress(
         TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
@@ -244,12 +244,12 @@ def ingest(
         settings = _settings()
         if source:
             settings = settings.model_copy(update={"store": source})
-        from tasks import work
+        from tasks.runs import pinned, units_aggregate, units_ingest, units_judge
 
-        suite = work.load_pinned_suite(settings)
+        suite = pinned.load_pinned_suite(settings)
         with _progress():
-            summary = work.ingest_and_publish(settings, suite, model)
-        work.refresh(settings, suite)
+            summary = units_ingest.ingest_and_publish(settings, suite, model)
+        units_aggregate.refresh(settings, suite)
         _print_rows([summary.__dict__], OutputFormat.table, f"ingest {model}")
         print_quarantine(settings, [model], err)
 
@@ -302,7 +302,7 @@ def backfill(
     (production mode: PREFECT_API_URL set, or `make serve` running), else in this process."""
     with _user_errors():
         from schemas.settings import VERSION_RE
-        from tasks.storage import validate_model_id
+        from tasks.store.storage import validate_model_id
 
         validate_model_id(model)
         for flag, value in (("--suite-version", suite_version), ("--reference-version", reference_version)):
@@ -382,7 +382,7 @@ def hpsv3(
     """Ad-hoc HPSv3 scoring: one output row (mu, sigma) per input pair, in input order."""
     with _user_errors():
         settings = _settings()
-        from tasks.adhoc import read_pairs
+        from tasks.store.adhoc import read_pairs
 
         images, prompts = read_pairs(pairs)
         from tasks.hpsv3.scorer import HPSv3Scorer
@@ -396,7 +396,7 @@ def hpsv3(
             preprocess_workers=settings.hpsv3_preprocess_workers,
         )
         with _progress():
-            from tasks import progress as hooks
+            from tasks.runs import progress as hooks
 
             hooks.advance("hpsv3", len(images), 0)
             result = scorer.score(images, prompts, batch_size=batch_size, progress=lambda n: hooks.advance("hpsv3", len(images), n))
@@ -429,10 +429,10 @@ def import_scores(
     """Record HPSv3 scores computed elsewhere; EPS follows if the reference in force is this scorer's."""
     with _user_errors():
         settings = _settings()
-        from tasks import work
-        from tasks.imports import import_scores_file
+        from tasks.runs import pinned, units_aggregate, units_ingest, units_judge
+        from tasks.lake.imports import import_scores_file
 
-        suite = work.load_pinned_suite(settings)
+        suite = pinned.load_pinned_suite(settings)
         summary = import_scores_file(settings, suite, file, scorer)
         rows = [{"model_id": m, "rows_imported": n} for m, n in summary.rows_per_model.items()]
         _print_import_rows(rows, f"imported under scorer {scorer!r}")
@@ -440,7 +440,7 @@ def import_scores(
             _print_import_rows(summary.aggregated, "EPS")
         else:
             err.print(f"[yellow]{summary.note}[/]")
-        work.refresh(settings, suite)
+        units_aggregate.refresh(settings, suite)
 
 
 @app.command("import-verdicts")
@@ -450,16 +450,16 @@ def import_verdicts(
     """Record PASS/FAIL verdicts produced elsewhere; Capability of scored models is recomputed."""
     with _user_errors():
         settings = _settings()
-        from tasks import work
-        from tasks.imports import import_verdicts_file
+        from tasks.runs import pinned, units_aggregate, units_ingest, units_judge
+        from tasks.lake.imports import import_verdicts_file
 
-        suite = work.load_pinned_suite(settings)
+        suite = pinned.load_pinned_suite(settings)
         summary = import_verdicts_file(settings, suite, file)
         rows = [{"model_id": m, "verdicts_imported": n} for m, n in summary.rows_per_model.items()]
         _print_import_rows(rows, "imported verdicts")
         if summary.note:
             err.print(f"[yellow]{summary.note}[/]")
-        work.refresh(settings, suite)
+        units_aggregate.refresh(settings, suite)
 
 
 AXES = ("overall", "capability", "eps")
@@ -476,20 +476,21 @@ def compare(
     with _user_errors():
         if axis not in AXES:
             raise CliError(f"--axis {axis!r}: choose one of {', '.join(AXES)}")
-        from tasks.storage import validate_model_id
+        from tasks.store.storage import validate_model_id
 
         for m in (model_a, model_b):  # before anything reads a path or a table named after them
             validate_model_id(m)
         settings = _settings()
-        from tasks.models import require_known
+        from tasks.runs.models import require_known
 
         for m in (model_a, model_b):
             require_known(settings, m)  # an unknown id: exit 1, nearest ids named
-        from tasks import stats, work
-        from tasks.views import model_prompts, paired_vectors
+        from tasks.scores import stats
+        from tasks.runs import pinned, units_aggregate, units_ingest, units_judge
+        from tasks.lake.views import model_prompts, paired_vectors
 
-        suite = work.load_pinned_suite(settings)
-        reference = work.load_verified_reference(settings, suite, None)
+        suite = pinned.load_pinned_suite(settings)
+        reference = pinned.load_verified_reference(settings, suite, None)
         values = {}
         for m in (model_a, model_b):
             views = model_prompts(settings, suite, reference, m)
@@ -524,11 +525,11 @@ def breakdown(
 
         if by not in BREAKDOWN_GROUPS:
             raise CliError(f"--by {by!r}: choose {', '.join(BREAKDOWN_GROUPS[:-1])} or {BREAKDOWN_GROUPS[-1]}")
-        from tasks.storage import validate_model_id
+        from tasks.store.storage import validate_model_id
 
         validate_model_id(model)  # before anything reads a path or a table named after it
         settings = _settings()
-        from tasks.models import require_known
+        from tasks.runs.models import require_known
 
         require_known(settings, model)  # an unknown id: exit 1, nearest ids named
         columns, rows, total, uncalibrated = breakdown_rows(settings, model, by)
@@ -563,10 +564,10 @@ def judges_check(
     """Which configured judges answer, and with which model; and whether the routing is covered."""
     with _user_errors():
         settings = _settings()
-        from tasks import work
+        from tasks.runs import pinned, units_aggregate, units_ingest, units_judge
         from tasks.judges import check_judges
 
-        setup = work.load_judge_setup(settings)
+        setup = units_judge.load_judge_setup(settings)
         rows = check_judges(setup.judges_config, load_weights=load_weights)
         columns = ["judge", "backend", "endpoint", "model", "reported_model", "ok", "latency_s", "detail"]
         render(columns, [[r.get(c) for c in columns] for r in rows], fmt, title="judges")
@@ -588,7 +589,7 @@ def reference_build(
     """Build the frozen reference once: median mu of the baseline field per EPS-eligible prompt."""
     with _user_errors():
         settings = _settings()
-        from tasks.adhoc import read_baseline
+        from tasks.store.adhoc import read_baseline
 
         models = read_baseline(baseline)
         _prefect(settings)
@@ -611,10 +612,10 @@ def reference_verify(
         settings = _settings()
         if version:
             settings = settings.model_copy(update={"reference_version": version})
-        from tasks import work
+        from tasks.runs import pinned, units_aggregate, units_ingest, units_judge
 
-        suite = work.load_pinned_suite(settings)
-        ref = work.load_verified_reference(settings, suite, None)
+        suite = pinned.load_pinned_suite(settings)
+        ref = pinned.load_verified_reference(settings, suite, None)
         err.print(
             f"[green]ok[/]: {settings.reference_path} ({len(ref.prompts)} prompts, suite {ref.suite.version}, "
             f"scorer {ref.scorer.scorer_name} {ref.scorer_id}, baseline {len(ref.baseline_models)} models)"
@@ -633,17 +634,17 @@ def reference_canary(
         settings = _settings()
         if version:
             settings = settings.model_copy(update={"reference_version": version})
-        from tasks import work
+        from tasks.runs import pinned, units_aggregate, units_ingest, units_judge
         from rich.markup import escape
 
-        from tasks.golden import compare, load_golden_set, score_golden
+        from tasks.scores.golden import compare, load_golden_set, score_golden
         from tasks.hpsv3.scorer import pin_intra_op_threads
 
-        suite = work.load_pinned_suite(settings)
-        spec = work.ScorerSpec.from_settings(settings)
-        ref = work.load_verified_reference(settings, suite, work.scorer_identity(spec).scorer_id)
+        suite = pinned.load_pinned_suite(settings)
+        spec = pinned.ScorerSpec.from_settings(settings)
+        ref = pinned.load_verified_reference(settings, suite, pinned.scorer_identity(spec).scorer_id)
         golden = load_golden_set(settings.reference_dir, ref.golden.set if ref.golden else settings.golden_set)
-        scorer = work.get_scorer(spec)
+        scorer = pinned.get_scorer(spec)
         pin_intra_op_threads(settings.hpsv3_threads)
         mus, runtime = score_golden(scorer, golden, settings.batch_size)
         result = compare(ref, golden, mus, runtime)
@@ -663,7 +664,7 @@ def reference_canary(
 def _catalog_or_exit(settings: Settings) -> Path:
     """The catalog, built from the lake and the pinned suite when missing or of an older format:
     `prompts` and the views are there from the first command, before anything is scored."""
-    from tasks.models import ensure_catalog
+    from tasks.runs.models import ensure_catalog
 
     return ensure_catalog(settings)[0]
 
@@ -693,7 +694,7 @@ def leaderboard(
         if sort not in LEADERBOARD_SORTS:
             raise CliError(f"--sort {sort!r}: choose one of {', '.join(LEADERBOARD_SORTS)}")
         settings = _settings()
-        from tasks.lake import query
+        from tasks.lake.tables import query
 
         order = "ASC" if sort in ("model_id", "rank") else "DESC"
         # Qualified names: the table view formats columns under the same names as strings.
@@ -721,8 +722,8 @@ def runs(
     with _user_errors():
         settings = _settings()
         from flows.output import runs_table
-        from tasks.lake import Lake
-        from tasks.runstate import settle_crashed
+        from tasks.lake.tables import Lake
+        from tasks.runs.state import settle_crashed
 
         settle_crashed(settings.home, settings.lake_dir)  # a running record whose process is gone: crashed
         table = Lake(settings.lake_dir).read_runs().sort_by([("started_at", "descending")]).slice(0, limit)
@@ -745,9 +746,9 @@ def sql(
     """Run a read-only SQL query on the DuckDB catalog."""
     with _user_errors(log=False):
         settings = _settings()
-        # tasks.lake.query refuses anything but queries (EXPLAIN ANALYZE of a write included),
+        # tasks.lake.tables.query refuses anything but queries (EXPLAIN ANALYZE of a write included),
         # parsing on the read-only connection, which has no file access.
-        from tasks.lake import query
+        from tasks.lake.tables import query
 
         columns, rows = query(_catalog_or_exit(settings), query_text)
         render(columns, rows, fmt)
@@ -760,15 +761,15 @@ def catalog(
     """Rebuild the DuckDB catalog file from the lake."""
     with _user_errors():
         settings = _settings()
-        from tasks import work
-        from tasks.lake import refresh_catalog
+        from tasks.runs import pinned, units_aggregate, units_ingest, units_judge
+        from tasks.lake.tables import refresh_catalog
 
-        suite = work.load_pinned_suite(settings)
+        suite = pinned.load_pinned_suite(settings)
         if full:
             refresh_catalog(settings.lake_dir, settings.catalog_path, suite, settings.reference_version, full=True)
             path = settings.catalog_path
         else:
-            path = work.refresh(settings, suite)
+            path = units_aggregate.refresh(settings, suite)
         err.print(f"catalog written: {path}")
 
 

@@ -56,7 +56,7 @@ def _flow_run_url(flow_run) -> str | None:
 
 def _scores_of_run(settings: Settings, model: str, run_id: str, started) -> list[dict]:
     """The model_scores row the run wrote, when this machine sees the same lake."""
-    from tasks.lake import Lake
+    from tasks.lake.tables import Lake
 
     try:
         rows = Lake(settings.lake_dir).read("model_scores", [model]).to_pylist()
@@ -156,13 +156,13 @@ def _cli():
 
 
 def refuse_unknown_model(settings: Settings, model: str) -> None:
-    """What the in-process path refuses first (tasks.models.require_objects: exit 1, the store and
+    """What the in-process path refuses first (tasks.runs.models.require_objects: exit 1, the store and
     prefix searched, the nearest ids), checked from here before a run is created. A store this
     machine cannot list (a worker's bucket, other credentials) is said, and left to the run."""
-    from tasks.lake import Lake
-    from tasks.models import require_objects
-    from tasks.storage import StoreError
-    from tasks.work import open_configured_store
+    from tasks.lake.tables import Lake
+    from tasks.runs.models import require_objects
+    from tasks.store.storage import StoreError
+    from tasks.runs.units_ingest import open_configured_store
 
     try:
         store = open_configured_store(settings)

@@ -65,7 +65,7 @@ def _prereg_status(settings, catalog, study: str):
 
     from tasks.beauty.prereg import NEVER_OPENED, PreregStatus, preregistration_status
     from tasks.beauty.study import StudyError, load_study
-    from tasks.lake import query
+    from tasks.lake.tables import query
 
     try:
         _, prereg, _ = load_study(settings, study)
@@ -93,7 +93,7 @@ def study_leaderboard(
         if not STUDY_ID_RE.fullmatch(study):
             raise cli.CliError(f"--study {study!r}: a study id matches {STUDY_ID_RE.pattern}")
         settings = cli._settings()
-        from tasks.lake import query
+        from tasks.lake.tables import query
 
         catalog = cli._catalog_or_exit(settings)
         status = _prereg_status(settings, catalog, study)
@@ -122,7 +122,7 @@ def study_hypotheses(study: str, fmt: OutputFormat = OutputFormat.table) -> None
     """The pre-registered hypotheses' verdicts (Holm-adjusted p), with why a hypothesis was not tested."""
     cli = _cli()
     with cli._user_errors(log=False):
-        from tasks.lake import query
+        from tasks.lake.tables import query
 
         columns, rows = query(cli._catalog_or_exit(cli._settings()),
                               "SELECT hypothesis, verdict, round(p_holm, 4) AS p_holm, "

@@ -1,5 +1,5 @@
 """`imagebench breakdown`: one model's Capability and EPS per group, adding up to the headline
-(tasks/breakdown.py); the table ends with the model's total, which is its leaderboard Capability."""
+(tasks/scores/breakdown.py); the table ends with the model's total, which is its leaderboard Capability."""
 
 from __future__ import annotations
 
@@ -14,12 +14,12 @@ def breakdown_rows(settings: Settings, model: str, by: str) -> tuple[list[str], 
     """(columns, one row per group, the total row, whether its EPS comes from uncalibrated demo
     weights). ``fail`` counts every FAIL the headline counts: those of a judge and the missing or
     quarantined images (``fail_no_image``, FAIL by rule)."""
-    from tasks import work
-    from tasks.breakdown import capability_by_group
-    from tasks.views import model_prompts, paired_vectors
+    from tasks.runs import pinned
+    from tasks.scores.breakdown import capability_by_group
+    from tasks.lake.views import model_prompts, paired_vectors
 
-    suite = work.load_pinned_suite(settings)
-    reference = work.load_verified_reference(settings, suite, None)
+    suite = pinned.load_pinned_suite(settings)
+    reference = pinned.load_verified_reference(settings, suite, None)
     views = model_prompts(settings, suite, reference, model)
     verdicts, contributions = paired_vectors(views, suite, reference)
     groups = [getattr(p, by) for p in suite.prompts]

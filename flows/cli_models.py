@@ -1,7 +1,7 @@
 """`imagebench models ...`: which models the workspace knows, and retiring them (reversibly).
 
 A typer sub-app registered by flows/cli.py (ARCHITECTURE.md section 6: one file per area). The
-logic lives in tasks/models.py; nothing heavy is imported here (no torch, Prefect or GX).
+logic lives in tasks/runs/models.py; nothing heavy is imported here (no torch, Prefect or GX).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ def _cli():
 
 def _store_models(settings, console) -> list[str] | None:
     """The store's model folders, or None (with a warning) when the store cannot be listed."""
-    from tasks.work import open_configured_store
+    from tasks.runs.units_ingest import open_configured_store
 
     try:
         return open_configured_store(settings).list_models()
@@ -39,7 +39,7 @@ def _store_models(settings, console) -> list[str] | None:
 
 def print_quarantine(settings, model_ids, console) -> None:
     """Why each of these models' objects was quarantined (every command that ingests prints it)."""
-    from tasks.models import quarantine_lines
+    from tasks.runs.models import quarantine_lines
 
     lines = quarantine_lines(settings, model_ids)
     for line in lines:
@@ -62,7 +62,7 @@ def models_list(
         settings = cli._settings()
         if source:
             settings = settings.model_copy(update={"store": source})
-        from tasks.models import LIST_COLUMNS, list_models
+        from tasks.runs.models import LIST_COLUMNS, list_models
 
         rows = list_models(settings, _store_models(settings, cli.err))
         if fmt is not OutputFormat.table:
@@ -87,11 +87,11 @@ def models_list(
 def _record(event: str, model: str, reason: str, by: str | None) -> None:
     cli = _cli()
     with cli._user_errors():
-        from tasks.storage import validate_model_id
+        from tasks.store.storage import validate_model_id
 
         validate_model_id(model)
         settings = cli._settings()
-        from tasks import models
+        from tasks.runs import models
 
         if event == "retired":
             row = models.retire(settings, model, reason, by, store_models=_known_or_store(settings, model, cli.err))
@@ -104,7 +104,7 @@ def _record(event: str, model: str, reason: str, by: str | None) -> None:
 
 
 def _known_or_store(settings, model: str, console) -> list[str] | None:
-    from tasks.lake import Lake
+    from tasks.lake.tables import Lake
 
     lake = Lake(settings.lake_dir)
     if any(lake.partition_path(t, model).is_file() for t in ("images", "model_scores", "hps_scores", "verdicts")):

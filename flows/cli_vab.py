@@ -102,7 +102,7 @@ def vab_import_answers(
 
 
 def _load(cli, sets: str):
-    from tasks.lake import Lake
+    from tasks.lake.tables import Lake
     from tasks.vab.sets import load_sets
     from tasks.vab.tables import read_partition
 

@@ -63,7 +63,7 @@ def vab_summarize(
     random guess) of every judge with answers to the official prompt types, as summarize.py computes them."""
     cli = _cli()
     with cli._user_errors(log=False):
-        from tasks.lake import Lake
+        from tasks.lake.tables import Lake
         from tasks.vab.official import official_summary, summary_table
         from tasks.vab.sets import load_sets
         from tasks.vab.tables import read_partition
@@ -93,7 +93,7 @@ def vab_judges_remove(
     """Remove every answer of one judge from a set collection (other judges' answers kept)."""
     cli = _cli()
     with cli._user_errors():
-        from tasks.lake import Lake
+        from tasks.lake.tables import Lake
         from tasks.vab.tables import check_set_name, remove_judge
 
         settings = cli._settings()

@@ -1,6 +1,6 @@
 """`imagebench vab panel open|serve|status|close|analyze|export`: VAB expert studies (people).
 
-The panel app's two VAB protocols (tasks/panel/vab_protocols.py): pick best and worst of a set with
+The panel app's two VAB protocols (tasks/vab/panel.py): pick best and worst of a set with
 the domain's rubric, then score each image 0-10. Registered onto the ``vab`` sub-app (flows/cli.py).
 """
 
@@ -36,7 +36,7 @@ def vab_panel_open(
     """Blind the collection's images, draw each expert's orders, print each link and the admin link once."""
     cli = _cli()
     with cli._user_errors():
-        from tasks.panel.vab_protocols import open_vab_study
+        from tasks.vab.panel import open_vab_study
         from tasks.vab.sets import image_paths, load_sets
 
         settings = cli._settings()
@@ -62,7 +62,7 @@ def vab_panel_serve(
     cli = _cli()
     with cli._user_errors():
         from tasks.panel.app import make_server
-        from tasks.panel.vab_protocols import create_vab_app
+        from tasks.vab.panel import create_vab_app
 
         app = create_vab_app(cli._settings(), study_id)
         cli.err.print(f"VAB panel {study_id} on http://{host}:{port}/ (Ctrl-C stops it)", highlight=False)
@@ -74,7 +74,7 @@ def vab_panel_status(study_id: Annotated[str, STUDY_ARG]) -> None:
     """Answers per expert."""
     cli = _cli()
     with cli._user_errors():
-        from tasks.panel.vab_protocols import open_store
+        from tasks.vab.panel import open_store
 
         store = open_store(cli._settings(), study_id)
         try:
@@ -93,7 +93,7 @@ def vab_panel_close(study_id: Annotated[str, STUDY_ARG]) -> None:
     """Close the study: nothing more is accepted."""
     cli = _cli()
     with cli._user_errors():
-        from tasks.panel.vab_protocols import open_store
+        from tasks.vab.panel import open_store
 
         store = open_store(cli._settings(), study_id)
         try:
@@ -110,7 +110,7 @@ def vab_panel_analyze(study_id: Annotated[str, STUDY_ARG]) -> None:
     accuracy, the scores-vs-ranking study: one JSON object on stdout."""
     cli = _cli()
     with cli._user_errors():
-        from tasks.panel.vab_protocols import analyze_vab_study
+        from tasks.vab.panel import analyze_vab_study
 
         typer.echo(json.dumps(analyze_vab_study(cli._settings(), study_id), indent=1))
 
@@ -120,7 +120,7 @@ def vab_panel_export(study_id: Annotated[str, STUDY_ARG]) -> None:
     """Write the experts' best/worst answers into the lake's vab_trials (judge_kind human), one judge per expert."""
     cli = _cli()
     with cli._user_errors():
-        from tasks.panel.vab_protocols import export_trials
+        from tasks.vab.panel import export_trials
 
         counts = export_trials(cli._settings(), study_id)
         cli.err.print(f"vab_trials: {sum(counts.values())} rows of {len(counts)} experts", highlight=False)

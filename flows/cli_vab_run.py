@@ -75,7 +75,7 @@ def vab_audit(
     experts' labels of a collection, per category, with 95% bootstrap intervals."""
     cli = _cli()
     with cli._user_errors():
-        from tasks.lake import Lake
+        from tasks.lake.tables import Lake
         from tasks.vab.audit import audit, own_judges, write_audit
         from tasks.vab.run import resolve_judges
         from tasks.vab.sets import load_sets

@@ -49,7 +49,7 @@ def attach_file_log(home: Path, create: bool = True) -> Path | None:
                                                        encoding="utf-8", delay=True)
     except OSError:
         return None
-    from tasks.redact import install_log_redaction
+    from tasks.store.redact import install_log_redaction
 
     install_log_redaction()  # records are scrubbed of credentials when created, for this file too
     handler.setLevel(logging.INFO)  # not the DEBUG request dumps of PREFECT_LOGGING_ROOT_LEVEL=DEBUG

@@ -19,7 +19,7 @@ from pathlib import Path
 from rich.console import Console
 
 from schemas.settings import DEFAULT_CHECKPOINT, load_settings
-from tasks.reference import DEMO_REFERENCE_VERSION  # the reference hint knows the demo's too
+from tasks.scores.reference import DEMO_REFERENCE_VERSION  # the reference hint knows the demo's too
 
 
 def _real_weights_available() -> bool:
@@ -60,9 +60,9 @@ def _configure(console: Console) -> None:
 def _pin_demo_definition(settings, console: Console) -> None:
     """The demo reference dir gets copies of the committed suite and judge routing, pinned like
     the real ones."""
-    from tasks.reference import pin_suite
+    from tasks.scores.reference import pin_suite
 
-    from tasks.golden import copy_golden_set
+    from tasks.scores.golden import copy_golden_set
 
     shipped = Path(__file__).resolve().parents[1] / "reference"
     for dst in (settings.suite_path, settings.routing_path):
@@ -83,12 +83,12 @@ def run_demo(console: Console) -> None:
     from flows.env import prepare_prefect_env
 
     prepare_prefect_env(settings.home)
-    from tasks import work
-    from tasks.demo import BASELINE_FIELD, CONTENDERS, seed_store
+    from tasks.runs import pinned, units_ingest
+    from tasks.store.demo import BASELINE_FIELD, CONTENDERS, seed_store
 
     _pin_demo_definition(settings, console)
-    suite = work.load_pinned_suite(settings)
-    store = work.open_configured_store(settings)
+    suite = pinned.load_pinned_suite(settings)
+    store = units_ingest.open_configured_store(settings)
     console.print(f"seeding demo models into {store.uri}")
     written = seed_store(store, [(p.prompt_id, p.prompt) for p in suite.prompts], BASELINE_FIELD + CONTENDERS)
     for model_id, n in written.items():
@@ -108,7 +108,7 @@ def run_demo(console: Console) -> None:
 
     console.print(nightly_line(summary), highlight=False)
     from tasks.report import build_report
-    from tasks.report_adapter import report_data_from_lake
+    from tasks.lake.report_data import report_data_from_lake
 
     from tasks.beauty.demo_study import run_demo_study
     from tasks.report.study import build_study_pages
@@ -117,7 +117,7 @@ def run_demo(console: Console) -> None:
     from tasks.vab.demo_run import run_demo_vab
 
     run_demo_vab(settings, console)  # a small VAB run over the demo sets of graded degradations (docs/VAB.md)
-    reference = work.load_verified_reference(settings, suite, None)
+    reference = pinned.load_verified_reference(settings, suite, None)
     studies = build_study_pages(settings, settings.home / "report")
     from tasks.report.vab import build_vab_pages
 

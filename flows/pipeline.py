@@ -1,6 +1,6 @@
 """Prefect flows: score one model (also the backfill path), nightly, and reference build.
 
-Flows only compose the units in ``tasks.work``; each Prefect task is a thin wrapper. HPSv3
+Flows only compose the units in ``tasks.runs``; each Prefect task is a thin wrapper. HPSv3
 batches are tagged ``gpu`` so a tag concurrency limit (``IMAGEBENCH_GPU_CONCURRENCY``, default
 1 per API) governs them while ingest of the next model overlaps inference of the previous one.
 """
@@ -25,13 +25,14 @@ from schemas import lake as lake_schemas
 from schemas.reference import ReferenceFile
 from schemas.settings import Settings, load_settings
 from flows import runners
-from tasks import progress, runstate, work
-from tasks.golden import CanaryDrift, GoldenSetError
-from tasks.lake import LakeCorrupt
-from tasks.locks import ModelBusy, model_lock
-from tasks.redact import redact
-from tasks.runrecord import RunRecord
-from tasks.suite import Suite
+from tasks.runs import progress, state as runstate
+from tasks.runs import pinned, run_ids, units_aggregate, units_discover, units_hps, units_ingest, units_judge
+from tasks.scores.golden import CanaryDrift, GoldenSetError
+from tasks.lake.tables import LakeCorrupt
+from tasks.runs.locks import ModelBusy, model_lock
+from tasks.store.redact import redact
+from tasks.runs.record import RunRecord
+from tasks.scores.suite import Suite
 
 GPU_TAG = "gpu"
 # Errors that stop the whole run rather than one model: the golden-set canary's.
@@ -53,50 +54,50 @@ def _timed(fn, *args):
 
 
 @task(name="ingest", cache_policy=NO_CACHE)
-def ingest_task(settings: Settings, suite: Suite, model_id: str) -> tuple[work.IngestSummary, float]:
-    return _timed(work.ingest_and_stage, settings, suite, model_id)
+def ingest_task(settings: Settings, suite: Suite, model_id: str) -> tuple[units_ingest.IngestSummary, float]:
+    return _timed(units_ingest.ingest_and_stage, settings, suite, model_id)
 
 
 @task(name="hpsv3-batch", tags=[GPU_TAG], cache_policy=NO_CACHE)
-def hps_batch_task(settings: Settings, suite: Suite, batch: work.HpsBatch, spec: work.ScorerSpec) -> tuple[Path, float]:
-    return work.score_hps_batch_timed(settings, suite, batch, spec)  # inference seconds, not device waits
+def hps_batch_task(settings: Settings, suite: Suite, batch: units_hps.HpsBatch, spec: pinned.ScorerSpec) -> tuple[Path, float]:
+    return units_hps.score_hps_batch_timed(settings, suite, batch, spec)  # inference seconds, not device waits
 
 
 @task(name="golden-canary", tags=[GPU_TAG], cache_policy=NO_CACHE)
-def canary_task(settings: Settings, reference: ReferenceFile, spec: work.ScorerSpec):
-    return work.check_runtime(settings, reference, spec)
+def canary_task(settings: Settings, reference: ReferenceFile, spec: pinned.ScorerSpec):
+    return pinned.check_runtime(settings, reference, spec)
 
 
 @task(name="golden-set", tags=[GPU_TAG], cache_policy=NO_CACHE)
-def golden_task(settings: Settings, spec: work.ScorerSpec):
-    return work.golden_for_reference(settings, spec)
+def golden_task(settings: Settings, spec: pinned.ScorerSpec):
+    return pinned.golden_for_reference(settings, spec)
 
 
 @task(name="judge-batch", cache_policy=NO_CACHE)
 def judge_batch_task(
-    settings: Settings, setup: work.JudgeSetup, items: list, known: frozenset, rejudge: bool
+    settings: Settings, setup: units_judge.JudgeSetup, items: list, known: frozenset, rejudge: bool
 ) -> tuple[Path | None, float]:
-    return _timed(work.judge_batch, settings, setup, items, known, rejudge)
+    return _timed(units_judge.judge_batch, settings, setup, items, known, rejudge)
 
 
 @task(name="commit-model", cache_policy=NO_CACHE)
 def commit_task(
     settings: Settings, suite: Suite, reference: ReferenceFile | None, model_id: str, scorer_id: str,
     hps_shards: list[Path], judge_shards: list, run_id: str,
-) -> tuple[work.CommitResult, float]:
-    return _timed(work.commit_model, settings, suite, reference, model_id, scorer_id, hps_shards, judge_shards, run_id)
+) -> tuple[units_discover.CommitResult, float]:
+    return _timed(units_discover.commit_model, settings, suite, reference, model_id, scorer_id, hps_shards, judge_shards, run_id)
 
 
 @task(name="aggregate", cache_policy=NO_CACHE)
 def aggregate_task(
     settings: Settings, suite: Suite, reference: ReferenceFile, model_id: str, run_id: str, fingerprint: str | None
 ) -> dict:
-    return work.aggregate_model(settings, suite, reference, model_id, run_id, fingerprint)
+    return units_aggregate.aggregate_model(settings, suite, reference, model_id, run_id, fingerprint)
 
 
 @task(name="refresh-catalog", cache_policy=NO_CACHE)
 def refresh_task(settings: Settings, suite: Suite) -> tuple[Path, float]:
-    return _timed(work.refresh, settings, suite)
+    return _timed(units_aggregate.refresh, settings, suite)
 
 
 # ---- one run --------------------------------------------------------------------------------
@@ -114,7 +115,7 @@ def _settings_for_run(suite_version: str | None = None, reference_version: str |
 
 def _run_id() -> str:
     ctx = get_run_context()
-    return str(getattr(getattr(ctx, "flow_run", None), "id", None) or work.new_run_id())
+    return str(getattr(getattr(ctx, "flow_run", None), "id", None) or run_ids.new_run_id())
 
 
 def ensure_gpu_limit(limit: int) -> None:
@@ -123,7 +124,7 @@ def ensure_gpu_limit(limit: int) -> None:
     On a server, a slot held by a task run whose process was killed is reclaimed when its lease
     (60 s) expires. The embedded (ephemeral) API runs no such service, and a killed command
     would leave its slot taken forever, blocking every later run; it serves one process anyway,
-    so there the limit is removed and the per-process GPU semaphore (work.score_hps_batch,
+    so there the limit is removed and the per-process GPU semaphore (units_hps.score_hps_batch,
     IMAGEBENCH_GPU_CONCURRENCY) is what bounds concurrent inference.
     """
     from prefect.settings import get_current_settings
@@ -149,10 +150,10 @@ class Run:
     suite: Suite
     reference: ReferenceFile | None
     record: RunRecord
-    spec: work.ScorerSpec | None = None
-    setup: work.JudgeSetup | None = None
+    spec: pinned.ScorerSpec | None = None
+    setup: units_judge.JudgeSetup | None = None
     rejudge: bool = False
-    canary: object | None = None  # tasks.golden.CanaryResult, once the run has checked its runtime
+    canary: object | None = None  # tasks.scores.golden.CanaryResult, once the run has checked its runtime
 
     def check_runtime(self) -> None:
         """Before the run's first HPSv3 batch, the golden-set canary where the batches run (a
@@ -183,7 +184,7 @@ class Run:
 
 
 def _start_run(flow_name: str, settings: Settings, parameters: dict) -> RunRecord:
-    """The run's record, written to the lake as `running` now and at each stage (tasks.runstate),
+    """The run's record, written to the lake as `running` now and at each stage (tasks.runs.state),
     so a killed run shows as `crashed` with how far it got; earlier runs whose process died are
     settled as such first."""
     ctx = get_run_context()
@@ -217,8 +218,8 @@ def _finish_run(settings: Settings, record: RunRecord, error: BaseException | No
         message = f"{len(record.errors)} error(s), {len(record.corrupt_files)} corrupt lake file(s): see errors"
     row = record.row("failed" if failed else "completed", message)
     try:
-        from tasks.lake import Lake
-        from tasks.validation import require_valid
+        from tasks.lake.tables import Lake
+        from tasks.lake.validation import require_valid
 
         require_valid("runs", pa.Table.from_pylist([row], schema=lake_schemas.RUNS))
         Lake(settings.lake_dir).write_run(row)
@@ -242,15 +243,15 @@ def set_aside_corrupt(run: Run, model_ids: list[str] | None = None, full: bool =
     and record it. Returns the affected models: their rows in that table are gone, so the run
     must ingest them again (whatever is missing is then recomputed from their images). Never a
     silent drop: each file shows in the run record. The whole lake (no ``model_ids``): only the
-    files changed since a catalog refresh read them whole (tasks/lake_check.py), unless
+    files changed since a catalog refresh read them whole (tasks/lake/check.py), unless
     ``every_footer``."""
-    from tasks.lake import Lake
+    from tasks.lake.tables import Lake
 
     lake = Lake(run.settings.lake_dir)
     logger = get_run_logger()
     affected = set()
     if model_ids is None and not full and not every_footer:
-        from tasks.lake_check import check_changed
+        from tasks.lake.check import check_changed
 
         checked = check_changed(lake)
         found = checked.corrupt
@@ -270,7 +271,7 @@ def set_aside_corrupt(run: Run, model_ids: list[str] | None = None, full: bool =
 def _submit_judging(run: Run, model_id: str) -> list:
     if run.setup is None:
         return []
-    items, known = work.plan_judge_items(run.settings, run.suite, model_id, run.rejudge)
+    items, known = units_judge.plan_judge_items(run.settings, run.suite, model_id, run.rejudge)
     if items:
         progress.advance(f"judge {model_id}", len(items), 0)
     size = run.settings.judge_task_size
@@ -335,12 +336,12 @@ def _score_models(run: Run, model_ids: list[str], refuse_busy: bool = False) -> 
                 record.timed("ingest", seconds)
                 record.add(images_ok=summary.images_ok, images_quarantined=summary.images_quarantined,
                            images_missing=summary.images_missing)
-                disposition = work.classify(settings, suite, run.reference, model_id)
+                disposition = units_discover.classify(settings, suite, run.reference, model_id)
                 record.mark(model_id, disposition)
-                plan = work.plan_hps_batches(
+                plan = units_hps.plan_hps_batches(
                     settings, suite, model_id, scorer_id, settings.task_batch_size, whole=disposition == "replaced"
                 )
-                resumed = sum(len(b) for b in plan if work.shard_exists(settings, b))
+                resumed = sum(len(b) for b in plan if units_hps.shard_exists(settings, b))
                 logger.info(
                     "%s (%s): %d ok, %d quarantined, %d missing; %d images to score in %d batches (%d from an interrupted run)",
                     model_id, disposition, summary.images_ok, summary.images_quarantined, summary.images_missing,
@@ -430,25 +431,25 @@ def _results_under_new_reference(run: Run, version: str, scorer_id: str, baselin
     images (a run killed midway) or that another run holds is left to the next run, logged."""
     logger = get_run_logger()
     settings = run.settings.model_copy(update={"reference_version": version})
-    reference = work.load_verified_reference(settings, run.suite, scorer_id)
-    scored = work.models_scored_by(settings, scorer_id)
+    reference = pinned.load_verified_reference(settings, run.suite, scorer_id)
+    scored = units_aggregate.models_scored_by(settings, scorer_id)
     order = [m for m in baseline_models if m in scored] + [m for m in scored if m not in baseline_models]
     done = []
     # In waves (a lock file per model held open, AGGREGATE_WAVE of them), each aggregated in one pass
-    # (work.aggregate_models: one read per table, one bootstrap, one check). A wave that fails
+    # (units_aggregate.aggregate_models: one read per table, one bootstrap, one check). A wave that fails
     # wrote nothing (it raises before any write) and is redone model by model to find the culprit.
     for i in range(0, len(order), AGGREGATE_WAVE):
         with ExitStack() as locks:
             wave = _lock_models(run, locks, order[i : i + AGGREGATE_WAVE], refuse_busy=False)
             try:
-                work.aggregate_models(settings, run.suite, reference, wave, run.run_id)
+                units_aggregate.aggregate_models(settings, run.suite, reference, wave, run.run_id)
                 done += wave
                 continue
             except Exception:  # noqa: BLE001 - one of these models: found below, one at a time
                 pass
             for model_id in wave:
                 try:
-                    work.aggregate_model(settings, run.suite, reference, model_id, run.run_id, None)
+                    units_aggregate.aggregate_model(settings, run.suite, reference, model_id, run.run_id, None)
                 except Exception as exc:  # noqa: BLE001 - this model only; the next run scores it
                     logger.warning("%s: no result under reference %s yet: %s", model_id, version, redact(str(exc)))
                     continue
@@ -482,7 +483,7 @@ def score_model_flow(
         suite_version: prompt suite to score against (default: IMAGEBENCH_SUITE_VERSION).
         reference_version: frozen EPS reference to use (default: IMAGEBENCH_REFERENCE_VERSION).
     """
-    from tasks.storage import validate_model_id
+    from tasks.store.storage import validate_model_id
 
     validate_model_id(model_id)
     settings = _settings_for_run(suite_version, reference_version)
@@ -491,22 +492,22 @@ def score_model_flow(
         "suite_version": suite_version, "reference_version": reference_version,
     })
     try:
-        suite = work.load_pinned_suite(settings)
+        suite = pinned.load_pinned_suite(settings)
         if scorer_name:
-            identity = work.imported_identity(scorer_name)
-            reference = work.load_verified_reference(settings, suite, identity.scorer_id)
+            identity = pinned.imported_identity(scorer_name)
+            reference = pinned.load_verified_reference(settings, suite, identity.scorer_id)
             record.scorer_id = identity.scorer_id
             run = Run(settings, suite, reference, record)
             with model_lock(settings.home, model_id, run.run_id, wait_s=settings.model_lock_wait_s):
                 row = aggregate_task(settings, suite, reference, model_id, run.run_id, None)
             record.mark(model_id, "new")
         else:
-            spec = work.ScorerSpec.from_settings(settings)
-            identity = work.scorer_identity(spec)
+            spec = pinned.ScorerSpec.from_settings(settings)
+            identity = pinned.scorer_identity(spec)
             # Verify the frozen reference (and that it was built by this scorer) before any work.
-            reference = work.load_verified_reference(settings, suite, identity.scorer_id)
+            reference = pinned.load_verified_reference(settings, suite, identity.scorer_id)
             record.scorer_id = identity.scorer_id
-            run = Run(settings, suite, reference, record, spec, work.load_judge_setup(settings), rejudge)
+            run = Run(settings, suite, reference, record, spec, units_judge.load_judge_setup(settings), rejudge)
             ensure_gpu_limit(settings.gpu_concurrency)
             set_aside_corrupt(run, [model_id])
             rows = _score_models(run, [model_id], refuse_busy=True)
@@ -533,19 +534,19 @@ def nightly_flow(rejudge: bool = False) -> dict:
     settings = load_settings()
     record = _start_run("nightly", settings, {"rejudge": rejudge})
     try:
-        suite = work.load_pinned_suite(settings)
-        spec = work.ScorerSpec.from_settings(settings)
-        identity = work.scorer_identity(spec)
-        reference = work.load_verified_reference(settings, suite, identity.scorer_id)
+        suite = pinned.load_pinned_suite(settings)
+        spec = pinned.ScorerSpec.from_settings(settings)
+        identity = pinned.scorer_identity(spec)
+        reference = pinned.load_verified_reference(settings, suite, identity.scorer_id)
         record.scorer_id = identity.scorer_id
-        run = Run(settings, suite, reference, record, spec, work.load_judge_setup(settings), rejudge)
+        run = Run(settings, suite, reference, record, spec, units_judge.load_judge_setup(settings), rejudge)
         run.record.enter("discover", force=True)
         recover = set_aside_corrupt(run)  # models that lost a partition: ingested again below
         try:
-            plans = work.discover_models(settings, suite, reference)
+            plans = units_discover.discover_models(settings, suite, reference)
         except LakeCorrupt:  # a file damaged in place since it was verified: every footer, as before
             recover |= set_aside_corrupt(run, every_footer=True)
-            plans = work.discover_models(settings, suite, reference)
+            plans = units_discover.discover_models(settings, suite, reference)
         for p in plans:
             if p.status == "invalid":
                 logger.error("skipping object-store folder %r: %s", p.model_id, p.detail)
@@ -598,10 +599,10 @@ def reference_build_flow(version: str, baseline_models: list[str], scorer_name: 
     With the built-in scorer, baseline models not yet scored by it are ingested and scored first.
     With ``scorer_name``, the reference is built from scores imported under that name.
     """
-    from tasks.reference import build_reference
-    from tasks.storage import validate_model_id
+    from tasks.scores.reference import build_reference
+    from tasks.store.storage import validate_model_id
 
-    from tasks.reference import reference_filename
+    from tasks.scores.reference import reference_filename
 
     reference_filename(version)  # validates the version (it becomes a file name) before any work
     settings = load_settings()
@@ -610,19 +611,19 @@ def reference_build_flow(version: str, baseline_models: list[str], scorer_name: 
     record = _start_run("reference-build", settings, {
         "version": version, "baseline_models": baseline_models, "scorer_name": scorer_name})
     try:
-        suite = work.load_pinned_suite(settings)
+        suite = pinned.load_pinned_suite(settings)
         target = settings.reference_dir / f"eps-reference-{version}.json"
         if target.exists():
-            from tasks.reference import ReferenceExists
+            from tasks.scores.reference import ReferenceExists
 
             raise ReferenceExists(f"{target} already exists: references are immutable, choose a new version")
         run = Run(settings, suite, None, record)
         golden = None  # imported scores: no scorer here to run the golden set with
         if scorer_name:
-            identity = work.imported_identity(scorer_name)
+            identity = pinned.imported_identity(scorer_name)
         else:
-            spec = work.ScorerSpec.from_settings(settings)
-            identity = work.scorer_identity(spec)
+            spec = pinned.ScorerSpec.from_settings(settings)
+            identity = pinned.scorer_identity(spec)
             ensure_gpu_limit(settings.gpu_concurrency)
             with ExitStack() as locks:
                 _lock_models(run, locks, baseline_models, refuse_busy=True)
@@ -632,7 +633,7 @@ def reference_build_flow(version: str, baseline_models: list[str], scorer_name: 
                     _, seconds = fut.result()
                     record.timed("ingest", seconds)
                     record.mark(m, "new")
-                    plan = work.plan_hps_batches(settings, suite, m, identity.scorer_id, settings.task_batch_size)
+                    plan = units_hps.plan_hps_batches(settings, suite, m, identity.scorer_id, settings.task_batch_size)
                     record.add(hps_images_scored=sum(len(b) for b in plan), prefect_tasks=1 + len(plan))
                     if plan:  # the bar's total, before any batch reports (else "hpsv3 M 165/?")
                         progress.advance(f"hpsv3 {m}", sum(len(b) for b in plan), 0)
@@ -653,11 +654,11 @@ def reference_build_flow(version: str, baseline_models: list[str], scorer_name: 
         path = build_reference(
             version=version,
             baseline_models=baseline_models,
-            scores=work.current_scores(settings, baseline_models, identity),
+            scores=units_aggregate.current_scores(settings, baseline_models, identity),
             suite=suite,
             scorer=identity,
             reference_dir=settings.reference_dir,
-            created_at=work.utcnow().isoformat(),
+            created_at=run_ids.utcnow().isoformat(),
             golden=golden,
         )
         _results_under_new_reference(run, version, identity.scorer_id, baseline_models)

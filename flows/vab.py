@@ -34,8 +34,8 @@ def judge_batch_task(sets: str, spec: JudgeSpec, items: list, cache_dir: str | N
 
 @task(name="vab-validate-write", cache_policy=NO_CACHE)
 def validate_write_task(settings, sets: str, judge: str, rows: list[dict]) -> str:
-    from tasks.lake import Lake
-    from tasks.validation import require_valid
+    from tasks.lake.tables import Lake
+    from tasks.lake.validation import require_valid
     from tasks.vab.run import trials_table
     from tasks.vab.tables import replace_judge_trials
 

@@ -39,7 +39,7 @@ def preload() -> None:
     import prefect.server.api.server  # noqa: F401  (the embedded API each command starts)
     import tasks.hpsv3.scorer  # noqa: F401  (torch)
     import transformers.models.qwen2_vl.modeling_qwen2_vl  # noqa: F401  (what load_hpsv3 builds)
-    from tasks import validation
+    from tasks.lake import validation
 
     for name in validation.SUITE_NAMES:  # GX context and every suite, built once
         validation._validation_definition(name)

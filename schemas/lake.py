@@ -188,7 +188,7 @@ TABLES: dict[str, pa.Schema] = {
 # stage's tasks (stages overlap: HPSv3 and judges run side by side), total_s is wall time.
 
 # "running": written when the run starts and at each stage; "crashed": a running record whose
-# process is gone (tasks/runstate.py), rewritten so by the next run or `imagebench runs`.
+# process is gone (tasks/runs/state.py), rewritten so by the next run or `imagebench runs`.
 RUN_STATUSES = ("running", "completed", "failed", "crashed")
 
 # Discovery outcome of each model in a run (see docs/OPERATIONS.md, "What nightly scores").
@@ -247,7 +247,7 @@ RUN_TABLES: dict[str, pa.Schema] = {"runs": RUNS}
 # Append-only record of what people decided about a model (`imagebench models retire/unretire`):
 # ``<lake>/model_events/model_id=<id>/data.parquet``, rows only ever added. A model whose latest
 # event is "retired" is hidden from the leaderboard (the view reads this table) and skipped by the
-# nightly; its rows stay in the lake. Written only by tasks/models.py.
+# nightly; its rows stay in the lake. Written only by tasks/runs/models.py.
 
 MODEL_EVENT_KINDS = ("retired", "unretired")
 

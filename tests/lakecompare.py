@@ -30,7 +30,7 @@ def _normalise(value, roots: list[str]):
 def lake_snapshot(lake_dir: Path, workspace_roots: list[Path] = (), tables=None, models=None) -> dict[str, list[tuple]]:
     """Every model-partitioned table of the lake as a sorted list of row tuples (volatile columns dropped)."""
     from schemas.lake import TABLES
-    from tasks.lake import Lake
+    from tasks.lake.tables import Lake
 
     lake = Lake(lake_dir)
     roots = sorted({str(Path(r).resolve()) for r in workspace_roots} | {str(Path(r)) for r in workspace_roots}, key=len, reverse=True)

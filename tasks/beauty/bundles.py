@@ -173,7 +173,7 @@ def import_bundle(settings, path: Path, study_id: str | None = None, now: dateti
     from tasks.beauty.study import study_dir
     from tasks.beauty.suite import load_beauty_suite
     from tasks.beauty.tables import partition_path
-    from tasks.lake import Lake
+    from tasks.lake.tables import Lake
 
     bundle = read_bundle(Path(path))
     study_id = study_id or bundle.prereg.study_id

@@ -39,9 +39,9 @@ def run_demo_study(settings, console) -> bool:
     from tasks.beauty.study import STUDY_FILE, open_study, study_dir
     from tasks.beauty.suite import load_beauty_suite
     from tasks.beauty.tables import read_study_partition
-    from tasks.demo import DEMO_PHOTOS, CONTENDERS, create_local_root, load_photo, render_model
-    from tasks.lake import Lake
-    from tasks.reference import pin_suite
+    from tasks.store.demo import DEMO_PHOTOS, CONTENDERS, create_local_root, load_photo, render_model
+    from tasks.lake.tables import Lake
+    from tasks.scores.reference import pin_suite
 
     lake = Lake(settings.lake_dir)
     if read_study_partition(lake, "study_index", DEMO_STUDY_ID).num_rows:
@@ -55,7 +55,7 @@ def run_demo_study(settings, console) -> bool:
     suite = load_beauty_suite(settings.reference_dir)
 
     study_settings = settings.model_copy(update={"store": str((settings.home / "study-objects").resolve())})
-    from tasks.work import open_configured_store
+    from tasks.runs.units_ingest import open_configured_store
 
     store = open_configured_store(study_settings)
     create_local_root(store)  # no "does not exist: treating it as empty" on a first demo

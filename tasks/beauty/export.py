@@ -147,7 +147,7 @@ def export_study(settings, study_id: str, out: Path) -> Path:
     from tasks.beauty.sources import load_study_context, panel_memos
     from tasks.beauty.study import PREREG_FILE
     from tasks.beauty.tables import read_study_partition
-    from tasks.lake import Lake
+    from tasks.lake.tables import Lake
 
     out = Path(out)
     if out.exists() and (not out.is_dir() or (any(out.iterdir()) and not (out / BUNDLE_MARKER).is_file())):
@@ -170,8 +170,8 @@ def export_study(settings, study_id: str, out: Path) -> Path:
         memos = panel_memos(ctx)
         if memos:
             from tasks.beauty.imports import study_salt
-            from tasks.storage import StoredObject
-            from tasks.work import open_configured_store
+            from tasks.store.storage import StoredObject
+            from tasks.runs.units_ingest import open_configured_store
 
             salt, objects = study_salt(ctx.study_dir), open_configured_store(settings)
             (tmp / "memos").mkdir()

@@ -130,7 +130,7 @@ def import_answers(settings, study_id: str, path: Path) -> tuple[int, int]:
     has one source of answers. Returns ``(answers, judges)``."""
     from tasks.beauty.sources import load_study_context, panel_answers
     from tasks.beauty.tables import read_study_partition, write_study_partition
-    from tasks.lake import Lake
+    from tasks.lake.tables import Lake
 
     path = Path(path)
     if not path.is_file():

@@ -43,7 +43,7 @@ class StudyTables:
 def check_answers(ctx: StudyContext, answers: pa.Table) -> pa.Table:
     """Answers fit the study: its tools, its suite's prompts, its groups, one source, SIMULATED
     only in a simulated study. Returns them cast to ``STUDY_ANSWERS``."""
-    from tasks.lake import conform
+    from tasks.lake.tables import conform
 
     answers = conform("study_answers", answers)
     d = ctx.definition
@@ -188,7 +188,7 @@ def analyze(settings, ctx: StudyContext, answers: pa.Table, pixel: pa.Table | No
 def validate(tables: StudyTables) -> None:
     """Great Expectations suite of every table (expectations/study_*.json); raises on the first
     failing one, naming the suite and the expectations that failed."""
-    from tasks.validation import require_valid
+    from tasks.lake.validation import require_valid
 
     for name, table in tables.tables.items():
         require_valid(name, table)
@@ -197,7 +197,7 @@ def validate(tables: StudyTables) -> None:
 def write(settings, tables: StudyTables) -> list[str]:
     """Replace the study's partition of every table (answers first: the record the rest derive from)."""
     from tasks.beauty.tables import write_study_partition
-    from tasks.lake import Lake
+    from tasks.lake.tables import Lake
 
     lake = Lake(settings.lake_dir)
     return [str(write_study_partition(lake, name, tables.study_id, t)) for name, t in tables.tables.items()]

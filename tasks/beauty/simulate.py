@@ -61,7 +61,7 @@ def record_simulated_answers(settings, study_id: str, seed: int = 7) -> int:
     from tasks.beauty.imports import study_salt
     from tasks.beauty.sources import _open_store, load_study_context
     from tasks.beauty.tables import write_study_partition
-    from tasks.lake import Lake
+    from tasks.lake.tables import Lake
 
     ctx = load_study_context(settings, study_id)
     image_ids = None

@@ -97,7 +97,7 @@ def collect_answers(settings, ctx: StudyContext) -> pa.Table:
     """The answers to analyse: the panel store's when it holds any, else what was imported (or
     simulated) into the lake. Refuses a study without answers."""
     from tasks.beauty.tables import read_study_partition
-    from tasks.lake import Lake
+    from tasks.lake.tables import Lake
 
     live = panel_answers(ctx)
     if live is not None and live.num_rows:

@@ -176,14 +176,14 @@ def template(study_id: str, tools: list[str], host_tool: str | None = None) -> s
 def init_study(settings, study_id: str, tools: list[str] | None = None, host_tool: str | None = None) -> Path:
     """Write ``studies/<id>/study.yaml`` (refuses to overwrite one). Tools default to every model
     of the object store. The file is validated before it is written."""
-    from tasks.storage import validate_model_id
+    from tasks.store.storage import validate_model_id
 
     d = study_dir(settings, study_id)
     path = d / STUDY_FILE
     if path.exists():
         raise StudyError(f"{path} already exists: edit it, or pick another study id")
     if not tools:
-        from tasks.work import open_configured_store
+        from tasks.runs.units_ingest import open_configured_store
 
         tools = open_configured_store(settings).list_models()
     for t in tools:
@@ -252,11 +252,11 @@ def open_study(settings, study_id: str, now: datetime | None = None) -> OpenedSt
     once, per-judge orders drawn from its seed, tokens issued. Prints nothing; returns the tokens
     (the only time they exist in clear)."""
     from tasks.beauty.suite import load_beauty_suite
-    from tasks.ingest import ingest_model
-    from tasks.suite import other_suite_prompt_ids
+    from tasks.store.ingest import ingest_model
+    from tasks.scores.suite import other_suite_prompt_ids
     from tasks.panel.blind import BLIND_EXTENSION, blind_study, opaque_id
     from tasks.panel.store import new_token, sha256_hex
-    from tasks.work import open_configured_store
+    from tasks.runs.units_ingest import open_configured_store
 
     from tasks.beauty.prereg import commitment, create_order_secret, order_key
 
@@ -349,7 +349,7 @@ def open_study(settings, study_id: str, now: datetime | None = None) -> OpenedSt
 def _answers_in_lake(settings, study_id: str) -> int:
     """How many answers the lake holds for the study (imported or simulated before any open)."""
     from tasks.beauty.tables import read_study_partition
-    from tasks.lake import Lake
+    from tasks.lake.tables import Lake
 
     return read_study_partition(Lake(settings.lake_dir), "study_answers", study_id).num_rows
 

@@ -1,9 +1,9 @@
 """The pinned Beauty Index prompt suite (``reference/suite-beauty-index-v1.jsonl``).
 
 The same rule as ``imagebench-v1``: the file is pinned by sha256 in ``reference/SHA256SUMS``
-(tasks.reference.pin_suite) and verified before every use; a change is a new version. The
-returned object is a :class:`tasks.suite.Suite` (prompts are ``BeautyPrompt``), so the existing
-ingest validation (tasks.ingest.ingest_model) applies to a study's tools unchanged.
+(tasks.scores.reference.pin_suite) and verified before every use; a change is a new version. The
+returned object is a :class:`tasks.scores.suite.Suite` (prompts are ``BeautyPrompt``), so the existing
+ingest validation (tasks.store.ingest.ingest_model) applies to a study's tools unchanged.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from pydantic import ValidationError
 
 from schemas.study import BEAUTY_SUITE_VERSION, BeautyPrompt
 from schemas.suite import PROMPT_ID_RE
-from tasks.suite import Suite, SuiteError
+from tasks.scores.suite import Suite, SuiteError
 
 # The ten published prompts, in the published order: the v1 file must hold exactly these.
 PUBLISHED_PROMPTS = (
@@ -58,7 +58,7 @@ def parse_beauty_suite(data: bytes, version: str, source: str = "<suite>") -> Su
 
 def load_beauty_suite(reference_dir: str | Path, version: str = BEAUTY_SUITE_VERSION) -> Suite:
     """``reference/suite-<version>.jsonl``, parsed and verified against its SHA256SUMS line."""
-    from tasks.reference import suite_filename, verify_suite
+    from tasks.scores.reference import suite_filename, verify_suite
 
     path = Path(reference_dir) / suite_filename(version)
     if not path.is_file():

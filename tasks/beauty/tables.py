@@ -1,6 +1,6 @@
 """The lake tables of a study, partitioned by study: ``<lake>/<table>/study_id=<id>/data.parquet``.
 
-Same write rule as the model tables (tasks/lake.py): the whole partition is replaced atomically
+Same write rule as the model tables (tasks/lake/tables.py): the whole partition is replaced atomically
 (temp file, fsync, ``os.replace``), under a per-partition lock, and the catalog's views glob
 ``<table>/*/data.parquet``, so a study's rows appear beside the ImageBench tables without a
 refresh. No torch, Prefect or GX here: `study leaderboard` and `sql` read through DuckDB.
@@ -18,7 +18,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from schemas.study import STUDY_ID_RE, STUDY_TABLES
-from tasks.lake import DATA_FILE, Lake, LakeSchemaError, _atomic_write_parquet, conform
+from tasks.lake.tables import DATA_FILE, Lake, LakeSchemaError, _atomic_write_parquet, conform
 
 STUDY_PARTITION_PREFIX = "study_id="
 

@@ -42,7 +42,7 @@ from .base import (
     read_image,
 )
 from .base import register_secret as _register_router_secret
-from tasks.redact import install_log_redaction, redact, register_secret
+from tasks.store.redact import install_log_redaction, redact, register_secret
 
 RETRYABLE_STATUS = frozenset({408, 409, 425, 429}) | frozenset(range(500, 600))
 
@@ -127,7 +127,7 @@ class OpenAIJudge(Judge):
             key = os.environ.get(endpoint.api_key_env)
             if key:
                 self._api_key = key
-                register_secret(key)  # tasks.redact: errors, answers and every log record
+                register_secret(key)  # tasks.store.redact: errors, answers and every log record
                 _register_router_secret(key)  # judges.base.redact: the router's rows
                 install_log_redaction()
             else:

@@ -106,7 +106,7 @@ def make_items(
     images: Iterable[Mapping[str, Any]],
     image_root: str | Path | None = None,
 ) -> list[JudgeItem]:
-    """Items for one model from a suite (``tasks.suite.Suite``) and its ``images`` rows (only
+    """Items for one model from a suite (``tasks.scores.suite.Suite``) and its ``images`` rows (only
     ``state == "ok"`` rows are used; relative ``image_path`` resolved against ``image_root``)."""
     root = Path(image_root) if image_root is not None else None
     out = []

@@ -40,7 +40,7 @@ from tasks.panel.store import PanelError, PanelStore
 
 log = logging.getLogger("imagebench.panel")
 
-COOKIE = "ib_session"  # the VAB expert panel's (tasks/panel/vab_protocols.py)
+COOKIE = "ib_session"  # the VAB expert panel's (tasks/vab/panel.py)
 COOKIES = {"judge": "ib_judge", "admin": "ib_admin"}  # one per role: a judge link never logs the admin out
 MAX_POSITION = 2**31 - 1  # the store's INTEGER column; anything outside is a 400, never a 500
 MEMO_MAX_BYTES = 1_000_000  # 10 s of Opus is ~20-40 kB; anything near 1 MB is not a short memo
@@ -133,7 +133,7 @@ def create_app(settings, study_id: str, public_url: str | None = None) -> FastAP
     """The ASGI app of one open study. ``public_url`` (default: the ``panel_url`` setting, else the
     URL given at ``study open``): the address judges reach; https makes the cookies ``Secure``."""
     from tasks.beauty.study import load_study, memo_key, open_panel_store, panel_url_of
-    from tasks.work import open_configured_store
+    from tasks.runs.units_ingest import open_configured_store
 
     definition, prereg, d = load_study(settings, study_id)
     if prereg is None:

@@ -58,7 +58,7 @@ def build_pooled_page(settings, out_dir: Path) -> str | None:
     from tasks.beauty.prereg import status_of
     from tasks.beauty.study import load_study
     from tasks.beauty.tables import read_study_partition, studies_in_lake
-    from tasks.lake import Lake
+    from tasks.lake.tables import Lake
     from tasks.report.build import CSP, _env, _write_text
 
     lake = Lake(settings.lake_dir)

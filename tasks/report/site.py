@@ -23,7 +23,7 @@ class SiteSummary:
 
 
 def _scored_models(settings) -> int:
-    from tasks.lake import QueryError, query
+    from tasks.lake.tables import QueryError, query
 
     try:
         _, rows = query(settings.catalog_path, "SELECT count(*) FROM leaderboard")
@@ -34,18 +34,18 @@ def _scored_models(settings) -> int:
 
 def imagebench_data(settings):
     """(ReportData, note): the ImageBench leaderboard's data, or an empty one and why."""
-    from tasks.reference import ReferenceError
+    from tasks.scores.reference import ReferenceError
     from tasks.report import ReportData
 
     models = _scored_models(settings)
     if not models:
         return ReportData(rows=[], title="imagebench report"), "No ImageBench model has been scored in this workspace."
-    from tasks import work
-    from tasks.report_adapter import report_data_from_lake
+    from tasks.runs import pinned
+    from tasks.lake.report_data import report_data_from_lake
 
     try:
-        suite = work.load_pinned_suite(settings)
-        reference = work.load_verified_reference(settings, suite, None)
+        suite = pinned.load_pinned_suite(settings)
+        reference = pinned.load_verified_reference(settings, suite, None)
     except ReferenceError as exc:
         return ReportData(rows=[], title="imagebench report"), (
             f"{models} ImageBench model(s) are in the lake, but their leaderboard is not drawn: {type(exc).__name__}: {exc}")

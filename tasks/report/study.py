@@ -130,7 +130,7 @@ def build_study_pages(settings, out_dir: Path) -> list[StudyLink]:
     from tasks.beauty.publish import SIMULATED_BANNER
     from tasks.beauty.sources import load_study_context
     from tasks.beauty.tables import read_study_partition, studies_in_lake
-    from tasks.lake import Lake
+    from tasks.lake.tables import Lake
     from tasks.report.build import CSP, _env, _prepare_out_dir, _write_text
 
     _prepare_out_dir(Path(out_dir))  # refuses a folder that is not a report, before writing anything

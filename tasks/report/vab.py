@@ -146,7 +146,7 @@ def page_context(sets: str, tasks: list, trials, audit: dict | None, n_resamples
 def build_vab_pages(settings, out_dir: Path, n_resamples: int = 2000) -> list[VabLink]:
     """Write ``vab/<S>.html`` for every set collection with answers in the lake (pages of
     collections no longer there are removed). Returns links for the index."""
-    from tasks.lake import Lake
+    from tasks.lake.tables import Lake
     from tasks.report.build import CSP, _env, _prepare_out_dir, _write_text
     from tasks.vab.audit import read_audit
     from tasks.vab.sets import load_sets

@@ -25,7 +25,7 @@ def write_suite_labels(settings: Any, path: Path) -> Path:
     import hashlib
     import random
 
-    from tasks.work import load_pinned_suite
+    from tasks.runs.pinned import load_pinned_suite
 
     first: dict[str, str] = {}
     for p in load_pinned_suite(settings).prompts:
@@ -43,7 +43,7 @@ def write_suite_labels(settings: Any, path: Path) -> Path:
 
 def run_demo_vab(settings: Any, console: Any) -> dict:
     from flows.vab import vab_run_flow
-    from tasks.lake import Lake
+    from tasks.lake.tables import Lake
     from tasks.vab.audit import audit, own_judges, write_audit
     from tasks.vab.demo_sets import write_demo_sets
     from tasks.vab.sets import build_from_lake, import_manifest, load_sets

@@ -100,7 +100,7 @@ def parse_answers(file: Path, tasks_by_id: dict[str, Any], sets: str, judge: str
 
 def import_answers(settings: Any, file: Path, sets: str, judge: str) -> dict:
     """Validate, map back and store; returns counts (rows, tasks, tasks short of 3 trials)."""
-    from tasks.lake import Lake
+    from tasks.lake.tables import Lake
 
     check_set_name(sets)
     check_judge_name(judge)

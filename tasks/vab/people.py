@@ -1,7 +1,7 @@
 """VAB expert panels, the math (pure functions; no I/O): consensus labels, agreement,
 leave-one-expert-out accuracy (the human baseline) and the scores-vs-ranking study.
 
-Inputs are plain rows, as the panel store exports them (tasks/panel/vab_store.py):
+Inputs are plain rows, as the panel store exports them (tasks/vab/store.py):
 - rank rows ``{"expert", "task_id", "best", "worst"}``: 1-based positions in the task's *stored*
   order (``worst`` None on 2-image tasks);
 - score rows ``{"expert", "task_id", "scores"}``: one 0-10 score per image, in stored order;

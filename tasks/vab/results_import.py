@@ -211,7 +211,7 @@ def parse_results(file: Path, tasks: list[VabTask], sets: str, judge: str | None
 
 def import_results(settings: Any, file: Path, sets: str, judge: str | None = None) -> tuple[str, dict]:
     """Validate and store (replacing only this judge's rows); returns (judge name, counts)."""
-    from tasks.lake import Lake
+    from tasks.lake.tables import Lake
     from tasks.vab.sets import load_sets
     from tasks.vab.tables import check_set_name, replace_judge_trials
 

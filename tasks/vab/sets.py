@@ -2,7 +2,7 @@
 
 A collection (``--sets S``) comes from our JSONL manifest (:func:`import_manifest`) or from the
 official release's Parquet files (:func:`import_release`, tasks.vab.release). Every image goes through the ingest
-validation (tasks.ingest.inspect_image), is hashed and copied into the workspace's
+validation (tasks.store.ingest.inspect_image), is hashed and copied into the workspace's
 content-addressed image cache; the tasks are validated by schemas.vab.VabTask.
 
 Bad input (fewer than 2 images, best/worst out of range, a worst label on a 2-image set, the same
@@ -31,8 +31,8 @@ import pyarrow as pa
 from pydantic import ValidationError
 
 from schemas.vab import DOMAINS, MAX_IMAGES, MIN_IMAGES, TRIAL_SCHEME_LEGACY, TRIAL_SCHEME_OFFICIAL, TRIAL_SCHEMES, VabTask
-from tasks.ingest import DEFAULT_LIMITS, ImageLimits, Rejected, cache_image, cache_relpath, inspect_image
-from tasks.storage import atomic_write
+from tasks.store.ingest import DEFAULT_LIMITS, ImageLimits, Rejected, cache_image, cache_relpath, inspect_image
+from tasks.durable import atomic_write
 from tasks.vab.tables import check_set_name, read_csv_with_header, write_partition
 
 PIN_DIR = "vab/sets"
@@ -165,7 +165,7 @@ def store_sets(settings: Any, name: str, raws: Sequence[RawTask], source: str, s
                limits: ImageLimits = DEFAULT_LIMITS, read_problems: dict[str, str] | None = None) -> ImportResult:
     """Validate, cache the images, pin the collection and write its ``vab_tasks`` partition.
     ``read_problems``: tasks the reader already rejected (reported with the others)."""
-    from tasks.lake import Lake
+    from tasks.lake.tables import Lake
 
     check_set_name(name)
     home = Path(settings.home)
@@ -186,7 +186,7 @@ def store_sets(settings: Any, name: str, raws: Sequence[RawTask], source: str, s
                              f"{old.get('tasks')} tasks): import under a new --name")
         write_partition(Lake(settings.lake_dir), "vab_tasks", name, _lake_rows(name, tasks))  # heal a lost lake
         return ImportResult(name, len(tasks), problems, True, pdir)
-    from tasks.validation import require_valid
+    from tasks.lake.validation import require_valid
 
     require_valid("vab_tasks", _lake_rows(name, tasks))  # before anything is cached, pinned or written
     for s, (fmt, data) in blobs.items():
@@ -310,9 +310,9 @@ def read_lake_labels(settings: Any, file: Path, problems: dict[str, str] | None 
     Each image is the model's ``ok`` image of that prompt in the lake's ``images`` table (its
     content-addressed copy). The task id is the prompt id; the substyle is the prompt's category.
     Bad rows raise :class:`BadSets`, or are added to ``problems`` when it is given."""
-    from tasks.lake import Lake
-    from tasks.storage import InvalidModelId, validate_model_id
-    from tasks.work import load_pinned_suite
+    from tasks.lake.tables import Lake
+    from tasks.store.storage import InvalidModelId, validate_model_id
+    from tasks.runs.pinned import load_pinned_suite
 
     file = Path(file)
     reader = read_csv_with_header(file, LAKE_LABEL_COLUMNS)

@@ -1,6 +1,6 @@
 """The VAB lake tables, partitioned by set collection: ``<lake>/<table>/sets=<S>/data.parquet``.
 
-Same write rule as the other lake tables (tasks/lake.py): a partition is replaced whole and
+Same write rule as the other lake tables (tasks/lake/tables.py): a partition is replaced whole and
 atomically under a per-partition lock; the catalog views (``vab_tasks``, ``vab_trials``) glob
 ``<table>/*/data.parquet``. Light: pyarrow only.
 """
@@ -17,7 +17,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from schemas.vab import SET_NAME_RE, VAB_TABLES, check_judge_name
-from tasks.lake import DATA_FILE, Lake, LakeSchemaError, _atomic_write_parquet, conform
+from tasks.lake.tables import DATA_FILE, Lake, LakeSchemaError, _atomic_write_parquet, conform
 
 SETS_PARTITION_PREFIX = "sets="
 

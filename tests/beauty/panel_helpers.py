@@ -22,7 +22,7 @@ def workspace(home: Path, mp: pytest.MonkeyPatch, tools=TOOLS):
     """Settings of a fresh workspace (environment as the CLI sees it) with every tool's images."""
     from schemas.settings import load_settings
     from tasks.beauty.suite import load_beauty_suite
-    from tasks.work import open_configured_store
+    from tasks.runs.units_ingest import open_configured_store
     from tests.flows.conftest import image_bytes
 
     mp.setenv("IMAGEBENCH_HOME", str(home))
@@ -106,7 +106,7 @@ def write_legacy_preregistration(settings, study_id: str, seed: int, created: da
 def analyse(settings, study_id: str, mixed_resamples: int = 3):
     """The `study-analyze` flow's units (the flow itself is run by the CLI tests): answers ->
     analysis -> Great Expectations -> lake -> catalog."""
-    from tasks import work
+    from tasks.runs import pinned, units_aggregate
     from tasks.beauty import publish
     from tasks.beauty.sources import collect_answers, load_study_context
 
@@ -114,7 +114,7 @@ def analyse(settings, study_id: str, mixed_resamples: int = 3):
     tables = publish.analyze(settings, ctx, collect_answers(settings, ctx), mixed_resamples=mixed_resamples)
     publish.validate(tables)
     publish.write(settings, tables)
-    work.refresh(settings, work.load_pinned_suite(settings))
+    units_aggregate.refresh(settings, pinned.load_pinned_suite(settings))
     return tables
 
 

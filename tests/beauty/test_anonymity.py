@@ -83,7 +83,7 @@ def _bundle_attack(bundle: Path) -> dict[str, str]:
 
 def _private_rows(settings, study_id: str) -> list[dict]:
     from tasks.beauty.tables import read_study_partition
-    from tasks.lake import Lake
+    from tasks.lake.tables import Lake
 
     return read_study_partition(Lake(settings.lake_dir), "study_answers", study_id).to_pylist()
 

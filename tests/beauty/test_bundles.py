@@ -82,7 +82,7 @@ def test_report_of_a_workspace_with_studies_and_no_reference(labs):
 def test_pooled_page_shows_the_random_effects_estimate_per_shared_tool(labs):
     from tasks.beauty.pooled import pool_tools
     from tasks.beauty.tables import read_study_partition
-    from tasks.lake import Lake
+    from tasks.lake.tables import Lake
 
     lake = Lake(labs["settings"].lake_dir)
     rows = [r for lab in LABS for r in read_study_partition(lake, "study_index", lab).to_pylist() if r["panel_group"] == "all"]

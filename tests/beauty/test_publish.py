@@ -116,7 +116,7 @@ def published(prefect_harness, tmp_path_factory):
 
 def test_import_refuses_bad_rows_naming_the_line_and_records_nothing(tmp_path, monkeypatch):
     from tasks.beauty.tables import partition_path
-    from tasks.lake import Lake
+    from tasks.lake.tables import Lake
 
     settings = _settings(tmp_path / "home", monkeypatch)
     _init(settings)
@@ -148,7 +148,7 @@ def test_flow_writes_lake_tables_and_views(published):
     assert summary["answers"] == len(rows) and summary["judges"] == len(LABELS) and summary["source"] == "import"
     assert any("not pre-registered" in n for n in summary["notes"])  # imported: never opened
     from tasks.beauty.tables import read_study_partition
-    from tasks.lake import Lake
+    from tasks.lake.tables import Lake
 
     lake = Lake(published["settings"].lake_dir)
     index = {r["tool"]: r for r in read_study_partition(lake, "study_index", STUDY).to_pylist() if r["panel_group"] == "all"}
@@ -225,7 +225,7 @@ def test_panel_answers_flow_to_tables_and_export_without_tokens(tmp_path, monkey
     from tasks.beauty.sources import collect_answers, load_study_context
     from tasks.beauty.study import memo_key, open_study
     from tasks.panel.store import PanelStore
-    from tasks.work import open_configured_store
+    from tasks.runs.units_ingest import open_configured_store
     from tests.flows.conftest import image_bytes
 
     settings = _settings(tmp_path / "home", monkeypatch)

@@ -44,7 +44,7 @@ def other_tiny_checkpoint(tiny_model, tmp_path_factory) -> Path:
 
 
 def _suite_ids() -> list[str]:
-    from tasks.suite import load_suite
+    from tasks.scores.suite import load_suite
 
     return [p.prompt_id for p in load_suite(SUITE_FILE).prompts]
 
@@ -76,9 +76,9 @@ def use_workspace(
 ) -> Path:
     """Point IMAGEBENCH_* at ``root/home`` and ``root/reference`` (the suite and routing copied
     and pinned, or a copy of ``reference_from``, an already built reference dir)."""
-    from tasks import work
-    from tasks.golden import copy_golden_set
-    from tasks.reference import pin_suite
+    from tasks.runs import pinned, units_aggregate
+    from tasks.scores.golden import copy_golden_set
+    from tasks.scores.reference import pin_suite
 
     home, refdir = root / "home", root / "reference"
     if reference_from is not None:
@@ -104,7 +104,7 @@ def use_workspace(
     for key in ("IMAGEBENCH_STORE", "IMAGEBENCH_CONFIG", "IMAGEBENCH_JUDGES_CONFIG", "IMAGEBENCH_TASK_RUNNER",
                 "IMAGEBENCH_DASK_ADDRESS", "IMAGEBENCH_DASK_WORKERS"):
         monkeypatch.delenv(key, raising=False)
-    work.scorer_identity.cache_clear()
+    pinned.scorer_identity.cache_clear()
     return home
 
 
@@ -115,7 +115,7 @@ def workspace(tmp_path, monkeypatch, tiny_model) -> Path:
 
 
 def eligible_ids() -> list[str]:
-    from tasks.suite import load_suite
+    from tasks.scores.suite import load_suite
 
     return list(load_suite(SUITE_FILE).eligible_ids)
 
@@ -141,12 +141,12 @@ def built_reference(built_reference_template, tmp_path, monkeypatch, tiny_model)
     the baselines' objects, lake rows and run record), with IMAGEBENCH_* pointing at it.
     Returns (home, objects dir, reference file)."""
     from schemas.settings import load_settings
-    from tasks import work
+    from tasks.runs import pinned, units_aggregate
 
     home = tmp_path / "home"
     shutil.copytree(built_reference_template / "home", home)  # keeps mtimes: the listing is unchanged
     use_workspace(tmp_path, monkeypatch, tiny_model, reference_from=built_reference_template / "reference")
     settings = load_settings()
     settings.catalog_path.unlink()
-    work.refresh(settings, work.load_pinned_suite(settings))  # its views name this workspace's lake
+    units_aggregate.refresh(settings, pinned.load_pinned_suite(settings))  # its views name this workspace's lake
     return home, home / "objects", settings.reference_path

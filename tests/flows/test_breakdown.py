@@ -69,8 +69,8 @@ class _Table(HTMLParser):
 
 def test_every_breakdown_of_a_patchy_model_adds_up_to_its_capability(built_reference, tmp_path):
     from schemas.settings import load_settings
-    from tasks.demo import CONTENDERS, DEMO_PHOTOS, load_photo, render_model
-    from tasks.suite import load_suite
+    from tasks.store.demo import CONTENDERS, DEMO_PHOTOS, load_photo, render_model
+    from tasks.scores.suite import load_suite
 
     home, objects, _ = built_reference
     suite = load_suite(load_settings().suite_path)

@@ -14,7 +14,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.numeric]
 
 
 def _last_run(settings) -> dict:
-    from tasks.lake import Lake
+    from tasks.lake.tables import Lake
 
     return sorted(Lake(settings.lake_dir).read_runs().to_pylist(), key=lambda r: r["started_at"])[-1]
 
@@ -22,9 +22,9 @@ def _last_run(settings) -> dict:
 def test_runs_check_their_runtime_against_the_reference_golden_set(built_reference, monkeypatch):
     from flows.pipeline import score_model_flow
     from schemas.settings import load_settings
-    from tasks import work
-    from tasks.golden import CanaryDrift
-    from tasks.lake import Lake
+    from tasks.runs import pinned
+    from tasks.scores.golden import CanaryDrift
+    from tasks.lake.tables import Lake
 
     home, objects, reference_file = built_reference
     stored = json.loads(reference_file.read_text())["golden"]
@@ -43,7 +43,7 @@ def test_runs_check_their_runtime_against_the_reference_golden_set(built_referen
 
     # Perturbed runtime: the exact float32 rotary arithmetic instead of the trained one.
     monkeypatch.setenv("IMAGEBENCH_HPSV3_ROTARY", "float32")
-    work.scorer_identity.cache_clear()
+    pinned.scorer_identity.cache_clear()
     put_model(objects, "canary-refused", eligible_ids()[:3], seed=62)
     with pytest.raises(CanaryDrift, match=r"beyond tolerance.*g\d\d") as info:
         score_model_flow("canary-refused")

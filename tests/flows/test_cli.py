@@ -47,8 +47,8 @@ def test_light_commands_import_no_heavy_packages(tmp_path):
     env = {"IMAGEBENCH_HOME": str(home), "PATH": "/usr/bin:/bin"}
     subprocess.run(
         [sys.executable, "-c",
-         "from schemas.settings import load_settings; from tasks.suite import load_suite; "
-         "from tasks.lake import refresh_catalog; s=load_settings(); "
+         "from schemas.settings import load_settings; from tasks.scores.suite import load_suite; "
+         "from tasks.lake.tables import refresh_catalog; s=load_settings(); "
          "refresh_catalog(s.lake_dir, s.catalog_path, load_suite(s.suite_path), s.reference_version)"],
         cwd=REPO, env=env, check=True,
     )
@@ -60,8 +60,8 @@ def test_light_commands_import_no_heavy_packages(tmp_path):
 
 def test_sql_is_read_only(workspace):
     from schemas.settings import load_settings
-    from tasks.lake import refresh_catalog
-    from tasks.suite import load_suite
+    from tasks.lake.tables import refresh_catalog
+    from tasks.scores.suite import load_suite
 
     s = load_settings()
     refresh_catalog(s.lake_dir, s.catalog_path, load_suite(s.suite_path), s.reference_version)
@@ -126,7 +126,7 @@ def test_import_scores_bad_files_change_nothing(workspace, tmp_path):
 def test_import_scores_reference_and_eps(prefect_harness, workspace, tmp_path, monkeypatch):
     """A reference built from imported scores; models imported under the same name get EPS."""
     from schemas.settings import load_settings
-    from tasks.suite import load_suite
+    from tasks.scores.suite import load_suite
 
     eligible = list(load_suite(load_settings().suite_path).eligible_ids)
     rows = []
@@ -263,7 +263,7 @@ def test_hpsv3_adhoc_prints_rows_in_input_order(tmp_path, tiny_model):
 def test_breakdown_by_difficulty(prefect_harness, workspace, tmp_path, monkeypatch):
     """Capability per difficulty from imported scores and verdicts (missing images are FAIL)."""
     from schemas.settings import load_settings
-    from tasks.suite import load_suite
+    from tasks.scores.suite import load_suite
 
     suite = load_suite(load_settings().suite_path)
     eligible = list(suite.eligible_ids)

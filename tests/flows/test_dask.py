@@ -308,7 +308,7 @@ def test_nightly_on_local_dask_cluster_writes_the_same_lake(
 
     from flows import runners
     from flows.pipeline import nightly_flow, reference_build_flow
-    from tasks.suite import load_suite
+    from tasks.scores.suite import load_suite
 
     eligible = list(load_suite(SUITE_FILE).eligible_ids)
 
@@ -342,7 +342,7 @@ def test_nightly_on_local_dask_cluster_writes_the_same_lake(
     # Dask workers start with OMP_NUM_THREADS=1; every scoring process pins IMAGEBENCH_HPSV3_THREADS
     # instead (default: its cores), so both runners score with the same recorded runtime and bits.
     assert_same_lake(home_t / "lake", home_d / "lake", [roots["threads"]], [roots["dask"]])
-    from tasks.lake import Lake
+    from tasks.lake.tables import Lake
 
     runtimes = set(Lake(home_d / "lake").read("hps_scores")["runtime"].to_pylist())
     assert len(runtimes) == 1 and json.loads(runtimes.pop())["intra_op_threads"] == len(os.sched_getaffinity(0))

@@ -1,4 +1,4 @@
-"""import-scores / import-verdicts of many models in one file (tasks/imports.py, work.aggregate_models):
+"""import-scores / import-verdicts of many models in one file (tasks/lake/imports.py, units_aggregate.aggregate_models):
 one Great Expectations check per table instead of one per model, the same lake rows as the
 per-model path, and nothing written when any row anywhere is bad."""
 
@@ -45,25 +45,25 @@ def lab(workspace, tmp_path):
     """A workspace whose reference "t1" was built from scores imported under ``lab-x`` (the
     reference file written directly: no Prefect flow needed). Returns (settings, suite)."""
     from schemas.settings import load_settings
-    from tasks import work
-    from tasks.imports import import_scores_file
-    from tasks.reference import build_reference
+    from tasks.runs import pinned, run_ids, units_aggregate
+    from tasks.lake.imports import import_scores_file
+    from tasks.scores.reference import build_reference
 
     settings = load_settings()
-    suite = work.load_pinned_suite(settings)
+    suite = pinned.load_pinned_suite(settings)
     base = ["base-1", "base-2"]
     rows = [(m, p, f"{0.5 * i:.1f}") for i, m in enumerate(base) for p in eligible_ids()]
     import_scores_file(settings, suite, _csv(tmp_path / "base.csv", ("model_id", "prompt_id", "mu"), rows), SCORER)
-    identity = work.imported_identity(SCORER)
+    identity = pinned.imported_identity(SCORER)
     build_reference(
-        version=settings.reference_version, baseline_models=base, scores=work.current_scores(settings, base, identity),
-        suite=suite, scorer=identity, reference_dir=settings.reference_dir, created_at=work.utcnow().isoformat(),
+        version=settings.reference_version, baseline_models=base, scores=units_aggregate.current_scores(settings, base, identity),
+        suite=suite, scorer=identity, reference_dir=settings.reference_dir, created_at=run_ids.utcnow().isoformat(),
     )
     return settings, suite
 
 
 def _rows(settings, table: str, models: list[str]) -> dict[str, list[dict]]:
-    from tasks.lake import Lake
+    from tasks.lake.tables import Lake
 
     out: dict[str, list[dict]] = {}
     for r in Lake(settings.lake_dir).read(table, models).to_pylist():
@@ -73,7 +73,7 @@ def _rows(settings, table: str, models: list[str]) -> dict[str, list[dict]]:
 
 def _count_ge_calls(monkeypatch) -> list[tuple[str, int]]:
     """Spy on Great Expectations runs (the real check still runs): (suite, rows) per call."""
-    import tasks.validation as validation
+    import tasks.lake.validation as validation
 
     calls: list[tuple[str, int]] = []
     real = validation.validate_table
@@ -89,14 +89,14 @@ def _count_ge_calls(monkeypatch) -> list[tuple[str, int]]:
 
 def test_many_models_one_file_same_rows_as_one_model_at_a_time(lab, tmp_path, monkeypatch, tiny_model):
     from schemas.settings import load_settings
-    from tasks import work
-    from tasks.imports import import_scores_file, import_verdicts_file
+    from tasks.runs import pinned, run_ids, units_aggregate
+    from tasks.lake.imports import import_scores_file, import_verdicts_file
     from tests.flows.conftest import use_workspace
 
     settings, suite = lab
     models = [f"lab-{i:02d}" for i in range(30)]
     scores, verdicts = _lab_files(tmp_path / "all", models)
-    monkeypatch.setattr(work, "_BOOTSTRAP_CHUNK", 7)  # several bootstrap chunks, the last one short
+    monkeypatch.setattr(units_aggregate, "_BOOTSTRAP_CHUNK", 7)  # several bootstrap chunks, the last one short
     calls = _count_ge_calls(monkeypatch)
     s = import_scores_file(settings, suite, scores, SCORER)
     v = import_verdicts_file(settings, suite, verdicts)
@@ -109,9 +109,9 @@ def test_many_models_one_file_same_rows_as_one_model_at_a_time(lab, tmp_path, mo
 
     # The per-model path on the same lake: a model aggregated alone gives the same row (models
     # at the bootstrap chunks' edges and in the short last chunk; 0-2 are checked below).
-    reference = work.load_verified_reference(settings, suite, None)
+    reference = pinned.load_verified_reference(settings, suite, None)
     for m in (models[6], models[7], models[29]):
-        alone = work.aggregate_model(settings, suite, reference, m, "alone", None)
+        alone = units_aggregate.aggregate_model(settings, suite, reference, m, "alone", None)
         assert {k: x for k, x in alone.items() if k not in SKIP} == batch["model_scores"][m][0]
 
     # One file per model (3 of them, in a second workspace with the same reference): same rows.
@@ -129,7 +129,7 @@ def test_many_models_one_file_same_rows_as_one_model_at_a_time(lab, tmp_path, mo
 def test_one_bad_row_anywhere_writes_nothing(lab, tmp_path, kind):
     """A row that parses but fails the table's Great Expectations suite (mu out of range, an
     upper-case judge name) in the last of 30 models: nothing written, the file named."""
-    from tasks.imports import ScoresFileError, import_scores_file, import_verdicts_file
+    from tasks.lake.imports import ScoresFileError, import_scores_file, import_verdicts_file
 
     settings, suite = lab
     models = [f"lab-{i:02d}" for i in range(30)]
@@ -161,7 +161,7 @@ def test_split_by_model_keeps_each_models_rows_in_order():
     right, in their original order; a model without rows gets an empty table."""
     import pyarrow as pa
 
-    from tasks.work import split_by_model
+    from tasks.runs.units_aggregate import split_by_model
 
     chunks = [pa.table({"model_id": ["a", "a"], "x": [1, 2]}), pa.table({"model_id": ["b"], "x": [3]})]
     together = pa.concat_tables(chunks)

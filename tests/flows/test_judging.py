@@ -44,8 +44,8 @@ def judges(workspace, monkeypatch, tmp_path):
 def test_score_judges_and_rejudge(prefect_harness, workspace, judges, tmp_path):
     from flows.pipeline import nightly_flow, reference_build_flow, score_model_flow
     from schemas.settings import load_settings
-    from tasks.lake import Lake
-    from tasks.suite import load_suite
+    from tasks.lake.tables import Lake
+    from tasks.scores.suite import load_suite
 
     qwen, gemma = judges
     s = load_settings()

@@ -58,7 +58,7 @@ def test_fresh_workspace_then_sigkill_leaves_no_server_and_a_crashed_run(built_r
     from typer.testing import CliRunner
 
     from flows.cli import app
-    from tasks.lake import Lake
+    from tasks.lake.tables import Lake
 
     _, objects, _ = built_reference
     put_model(objects, "victim", eligible_ids()[:24], seed=31)

@@ -35,11 +35,11 @@ def _flat(text: str) -> str:
 
 def _setup():
     from schemas.settings import load_settings
-    from tasks import work
+    from tasks.runs import pinned, units_aggregate, units_discover, units_ingest
 
     settings = load_settings()
-    suite = work.load_pinned_suite(settings)
-    return settings, suite, work.load_verified_reference(settings, suite, None)
+    suite = pinned.load_pinned_suite(settings)
+    return settings, suite, pinned.load_verified_reference(settings, suite, None)
 
 
 def _leaderboard() -> dict[str, dict]:
@@ -51,15 +51,15 @@ def _leaderboard() -> dict[str, dict]:
 def test_typo_and_wrong_prefix_refuse_and_change_nothing(built_reference, tmp_path):
     """Item 3/4: no object at all is an error naming what was searched; a model with ingested
     images is never rewritten to 'missing' by a listing that found nothing."""
-    from tasks import work
-    from tasks.models import ModelNotFound
+    from tasks.runs import pinned, units_aggregate, units_discover, units_ingest
+    from tasks.runs.models import ModelNotFound
 
     home, objects, _ = built_reference
     settings, suite, _ = _setup()
     before = _lake_snapshot(home)
 
     with pytest.raises(ModelNotFound) as exc:
-        work.ingest_and_publish(settings, suite, "Base-A")
+        units_ingest.ingest_and_publish(settings, suite, "Base-A")
     msg = str(exc.value)
     assert f"{(objects / 'models' / 'Base-A').as_uri()}/" in msg and "did you mean 'base-a'" in msg
     assert "lake holds" not in msg
@@ -107,12 +107,12 @@ def test_score_prints_quarantine_reasons_and_a_typo_adds_no_row(built_reference)
 
 
 def test_retire_hides_from_leaderboard_and_nightly_and_is_reversible(built_reference):
-    from tasks import work
-    from tasks.lake import Lake
+    from tasks.runs import pinned, units_aggregate, units_discover, units_ingest
+    from tasks.lake.tables import Lake
 
     settings, suite, reference = _setup()
     for m in ("base-a", "base-b"):
-        work.aggregate_model(settings, suite, reference, m, "run-test", None)
+        units_aggregate.aggregate_model(settings, suite, reference, m, "run-test", None)
     assert {"base-a", "base-b"} <= set(_leaderboard())
 
     r = invoke("models", "retire", "base-a", "--reason", "withdrawn by the lab", "--by", "alice")
@@ -123,7 +123,7 @@ def test_retire_hides_from_leaderboard_and_nightly_and_is_reversible(built_refer
     assert listed["base-a"]["retired_reason"] == "withdrawn by the lab" and listed["base-a"]["scored"] is True
     assert listed["base-b"]["state"] == "scored" and listed["base-b"]["in_store"] is True
     assert listed["base-b"]["images_ok"] == 165 and listed["base-b"]["images_missing"] == 27
-    plans = {p.model_id: p.status for p in work.discover_models(settings, suite, reference)}
+    plans = {p.model_id: p.status for p in units_discover.discover_models(settings, suite, reference)}
     assert plans["base-a"] == "retired"  # the nightly skips it
     assert Lake(settings.lake_dir).read("model_scores", ["base-a"]).num_rows == 1  # kept in the lake
 
@@ -145,13 +145,13 @@ def test_complete_means_every_suite_prompt_has_an_ok_image(built_reference):
     import pyarrow as pa
 
     from schemas.lake import IMAGES, MODEL_SCORES
-    from tasks import work
-    from tasks.lake import Lake
+    from tasks.runs import pinned, units_aggregate, units_discover, units_ingest
+    from tasks.lake.tables import Lake
 
     settings, suite, reference = _setup()
     lake = Lake(settings.lake_dir)
     # base-a has only its 165 eligible images: every mu is there, 27 prompts have no image.
-    row = work.aggregate_model(settings, suite, reference, "base-a", "run-1", None)
+    row = units_aggregate.aggregate_model(settings, suite, reference, "base-a", "run-1", None)
     assert row["eps_prompts_lost"] == 0 and row["images_missing"] == 27 and row["complete"] is False
 
     images = lake.read("images", ["base-a"]).to_pylist()
@@ -160,12 +160,12 @@ def test_complete_means_every_suite_prompt_has_an_ok_image(built_reference):
                                               "source_mode", "byte_size")}, "state": "ok", "reason": None}
               if r["state"] == "missing" else r for r in images]
     lake.write_partition("images", "base-a", pa.Table.from_pylist(filled, schema=IMAGES))
-    assert work.aggregate_model(settings, suite, reference, "base-a", "run-2", None)["complete"] is True
+    assert units_aggregate.aggregate_model(settings, suite, reference, "base-a", "run-2", None)["complete"] is True
 
     non_eligible = [p.prompt_id for p in suite.prompts if not p.eps_eligible][:4]
     four = [{**r, "state": "quarantined", "reason": "too_small"} if r["prompt_id"] in non_eligible else r for r in filled]
     lake.write_partition("images", "base-a", pa.Table.from_pylist(four, schema=IMAGES))
-    row = work.aggregate_model(settings, suite, reference, "base-a", "run-3", None)
+    row = units_aggregate.aggregate_model(settings, suite, reference, "base-a", "run-3", None)
     assert row["images_quarantined"] == 4 and row["eps_prompts_lost"] == 0 and row["complete"] is False
     assert _leaderboard()["base-a"]["complete"] is False
 

@@ -24,7 +24,7 @@ pytestmark = pytest.mark.slow
 
 
 def _runs(settings) -> list[dict]:
-    from tasks.lake import Lake
+    from tasks.lake.tables import Lake
 
     return sorted(Lake(settings.lake_dir).read_runs().to_pylist(), key=lambda r: r["started_at"])
 
@@ -94,7 +94,7 @@ def test_sigkill_mid_batch_then_resume_ends_with_the_same_lake(built_reference, 
     (the chain test below kills resumed runs at each exact step)."""
     from flows.pipeline import score_model_flow
     from schemas.settings import load_settings
-    from tasks.lake import Lake
+    from tasks.lake.tables import Lake
 
     from tests.flows.conftest import use_workspace
 
@@ -135,7 +135,7 @@ def test_sigkill_mid_batch_then_resume_ends_with_the_same_lake(built_reference, 
 
 
 def _hold_lock(home: str, model_id: str, held, release) -> None:
-    from tasks.locks import model_lock
+    from tasks.runs.locks import model_lock
 
     with model_lock(Path(home), model_id, "other-backfill-run"):
         held.set()
@@ -145,7 +145,7 @@ def _hold_lock(home: str, model_id: str, held, release) -> None:
 def test_second_backfill_of_the_same_model_refuses_then_waits(built_reference, monkeypatch):
     from flows.pipeline import nightly_flow, score_model_flow
     from schemas.settings import load_settings
-    from tasks.locks import ModelBusy
+    from tasks.runs.locks import ModelBusy
 
     home, objects, _ = built_reference
     put_model(objects, "contested", eligible_ids()[:6], seed=31)
@@ -189,7 +189,7 @@ def test_second_backfill_of_the_same_model_refuses_then_waits(built_reference, m
 def test_corrupt_lake_file_is_detected_set_aside_reported_and_recomputed(built_reference):
     from flows.pipeline import RunFailed, nightly_flow
     from schemas.settings import load_settings
-    from tasks.lake import Lake, query
+    from tasks.lake.tables import Lake, query
 
     home, objects, _ = built_reference
     settings = load_settings()
@@ -247,14 +247,14 @@ def test_corrupt_lake_file_is_detected_set_aside_reported_and_recomputed(built_r
 
 def test_a_file_damaged_in_place_after_the_last_check_is_still_caught_by_the_nightly(built_reference):
     """The start check opens only files changed since the catalog refresh that read them whole
-    (tasks/lake_check.py). A file damaged afterwards in place, its size and mtime kept, is not
+    (tasks/lake/check.py). A file damaged afterwards in place, its size and mtime kept, is not
     opened there; the first read of it (discovery reads every listed model's `images`) fails,
     the nightly then checks every footer as before, sets the file aside, records it and
     recomputes the model in the same run."""
     from flows.pipeline import RunFailed, nightly_flow
     from schemas.settings import load_settings
-    from tasks.lake import Lake
-    from tasks.lake_check import check_changed
+    from tasks.lake.tables import Lake
+    from tasks.lake.check import check_changed
 
     settings = load_settings()
     nightly_flow()  # ends with a catalog refresh: every file verified
@@ -302,7 +302,7 @@ def test_disk_full_fails_cleanly_and_the_previous_lake_stays_readable(built_refe
     """A real full filesystem: the workspace lives on a small tmpfs we fill up."""
     from flows.pipeline import RunFailed, score_model_flow
     from schemas.settings import load_settings
-    from tasks.lake import Lake, query
+    from tasks.lake.tables import Lake, query
 
     _, objects, _ = built_reference
     small = tmp_path / "small-disk"
@@ -354,8 +354,8 @@ def _judges_yaml(path: Path, qwen_url: str, gemma_url: str) -> Path:
 def test_judge_outage_falls_back_then_shows_explicit_states_then_recovers(built_reference, monkeypatch, tmp_path):
     from flows.pipeline import score_model_flow
     from schemas.settings import load_settings
-    from tasks.lake import Lake
-    from tasks.suite import load_suite
+    from tasks.lake.tables import Lake
+    from tasks.scores.suite import load_suite
     from tests.fake_openai import FakeOpenAI, Reply, free_port
 
     home, objects, _ = built_reference
@@ -416,7 +416,7 @@ CRASH_CHAIN = [
 
 
 def _crash_prompts() -> list[str]:
-    from tasks.suite import load_suite
+    from tasks.scores.suite import load_suite
 
     from tests.flows.conftest import SUITE_FILE
 
@@ -441,7 +441,7 @@ def test_killed_at_every_kind_of_write_then_resumed_ends_with_the_same_lake(
 ):
     from flows.pipeline import score_model_flow
     from schemas.settings import load_settings
-    from tasks.lake import Lake, query
+    from tasks.lake.tables import Lake, query
 
     from tests.flows.conftest import use_workspace
 

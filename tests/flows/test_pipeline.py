@@ -16,14 +16,14 @@ pytestmark = pytest.mark.slow
 
 def _eligible():
     from schemas.settings import load_settings
-    from tasks.suite import load_suite
+    from tasks.scores.suite import load_suite
 
     return list(load_suite(load_settings().suite_path).eligible_ids)
 
 
 def _model_scores():
     from schemas.settings import load_settings
-    from tasks.lake import Lake
+    from tasks.lake.tables import Lake
 
     t = Lake(load_settings().lake_dir).read("model_scores")
     return {r["model_id"]: r for r in t.to_pylist()}
@@ -34,7 +34,7 @@ def _expected_eps(model_id: str) -> float:
     import json
 
     from schemas.settings import load_settings
-    from tasks.lake import Lake
+    from tasks.lake.tables import Lake
 
     s = load_settings()
     ref = json.loads(s.reference_path.read_text())
@@ -120,7 +120,7 @@ def test_reference_nightly_and_rerun(built_reference):
     assert len(t) == 165 and all(r["scored_at"] > last_scored for r in t)
 
     # Every run left a record: what it discovered and did, and how long each stage took.
-    from tasks.lake import Lake
+    from tasks.lake.tables import Lake
 
     runs = sorted(Lake(settings.lake_dir).read_runs().to_pylist(), key=lambda r: r["started_at"])
     nightly_runs = [r for r in runs if r["flow"] == "nightly"]
@@ -133,7 +133,7 @@ def test_reference_nightly_and_rerun(built_reference):
 
 
 def Lake_read(settings, table, model_id):
-    from tasks.lake import Lake
+    from tasks.lake.tables import Lake
 
     return Lake(settings.lake_dir).read(table, [model_id]).to_pylist()
 
@@ -141,7 +141,7 @@ def Lake_read(settings, table, model_id):
 def test_reference_is_never_rewritten_and_tampering_is_refused(built_reference):
     from flows.pipeline import reference_build_flow, score_model_flow
     from schemas.settings import load_settings
-    from tasks.reference import ReferenceExists, ReferenceTampered
+    from tasks.scores.reference import ReferenceExists, ReferenceTampered
 
     home, objects, ref_path = built_reference
     before = open(ref_path, "rb").read()
@@ -170,7 +170,7 @@ def test_reference_build_ends_with_the_eps_of_every_model_already_scored(built_r
     """Issue 8 item 8: no model scored by the reference's scorer is left without EPS."""
     from flows.pipeline import reference_build_flow
     from schemas.settings import load_settings
-    from tasks.lake import Lake
+    from tasks.lake.tables import Lake
 
     lake = Lake(load_settings().lake_dir)
     built = {r["model_id"]: r for r in lake.read("model_scores").to_pylist() if r["reference_version"] == "t1"}
@@ -188,13 +188,13 @@ def test_reference_build_ends_with_the_eps_of_every_model_already_scored(built_r
 
 def test_scorer_identity_mismatch_is_refused(built_reference, monkeypatch, other_tiny_checkpoint):
     from flows.pipeline import score_model_flow
-    from tasks import work
-    from tasks.reference import ScorerMismatch
+    from tasks.runs import pinned
+    from tasks.scores.reference import ScorerMismatch
 
     home, objects, _ = built_reference
     put_model(objects, "other", _eligible()[:5], seed=8)
     monkeypatch.setenv("IMAGEBENCH_HPSV3_CHECKPOINT", str(other_tiny_checkpoint))
-    work.scorer_identity.cache_clear()
+    pinned.scorer_identity.cache_clear()
     with pytest.raises(ScorerMismatch):
         score_model_flow("other")
 
@@ -203,8 +203,8 @@ def test_score_model_matches_direct_scorer(built_reference):
     """The flow's mu equals the scorer's mu on the same files (nothing lost in between)."""
     from flows.pipeline import score_model_flow
     from schemas.settings import load_settings
-    from tasks import work
-    from tasks.lake import Lake
+    from tasks.runs import pinned
+    from tasks.lake.tables import Lake
 
     home, objects, _ = built_reference
     ids = _eligible()[:6]
@@ -215,10 +215,10 @@ def test_score_model_matches_direct_scorer(built_reference):
     lake = Lake(s.lake_dir)
     images = {r["prompt_id"]: r for r in lake.read("images", ["direct"]).to_pylist() if r["state"] == "ok"}
     scores = {r["prompt_id"]: r["mu"] for r in lake.read("hps_scores", ["direct"]).to_pylist()}
-    from tasks.suite import load_suite
+    from tasks.scores.suite import load_suite
 
     suite = load_suite(s.suite_path)
-    scorer = work.get_scorer(work.ScorerSpec.from_settings(s))
+    scorer = pinned.get_scorer(pinned.ScorerSpec.from_settings(s))
     direct = scorer.score(
         [str(s.home / images[p]["image_path"]) for p in ids], [suite.by_id[p].prompt for p in ids], batch_size=3
     )
@@ -229,7 +229,7 @@ def test_score_model_matches_direct_scorer(built_reference):
 def test_score_model_from_s3_store(built_reference, s3_bucket, s3_env, monkeypatch):
     """`score` reads a model straight from a real S3 server over HTTP (SeaweedFS on loopback)."""
     from flows.pipeline import score_model_flow
-    from tasks.storage import open_store
+    from tasks.store.storage import open_store
     from tests.flows.conftest import image_bytes
 
     store = open_store(f"s3://{s3_bucket}/bench", endpoint=s3_env.endpoint_url)
@@ -241,7 +241,7 @@ def test_score_model_from_s3_store(built_reference, s3_bucket, s3_env, monkeypat
     row = score_model_flow("s3-model")
     assert row["eps_prompts_scored"] == 8
     from schemas.settings import load_settings
-    from tasks.lake import Lake
+    from tasks.lake.tables import Lake
 
     lake = Lake(load_settings().lake_dir)
     q = lake.read("quarantine", ["s3-model"]).to_pylist()

@@ -20,7 +20,7 @@ import shutil
 
 import pytest
 
-from tasks.storage import StoreError
+from tasks.store.storage import StoreError
 from tests.faultproxy import FaultProxy
 from tests.flows.conftest import eligible_ids, image_bytes
 from tests.lakecompare import assert_same_lake, lake_snapshot
@@ -69,8 +69,8 @@ def _run_fails(monkeypatch, endpoint: str) -> BaseException:
 def test_flow_survives_s3_faults_and_outages(built_reference, fenv, tmp_path, monkeypatch, caplog):
     from flows.pipeline import score_model_flow
     from schemas.settings import load_settings
-    from tasks.lake import Lake
-    from tasks.storage import S3Store
+    from tasks.lake.tables import Lake
+    from tasks.store.storage import S3Store
 
     caplog.set_level(logging.INFO)
     home, _objects, _ref = built_reference
@@ -118,7 +118,7 @@ def test_flow_survives_s3_faults_and_outages(built_reference, fenv, tmp_path, mo
         assert row["eps_prompts_scored"] == 19  # 20 images, one of them a duplicate_prompt
         c = proxy.counts
         assert c["slowdown"] >= 4 and c["reset"] >= 2 and c["reset_mid_body"] >= 2, dict(c)
-        warnings = [r.getMessage() for r in caplog.records if r.name == "tasks.storage" and r.levelno == logging.WARNING]
+        warnings = [r.getMessage() for r in caplog.records if r.name == "tasks.store.storage" and r.levelno == logging.WARNING]
         assert any("succeeded after" in w for w in warnings) and any("mid-body" in w for w in warnings), warnings
         proxy.clear()
 

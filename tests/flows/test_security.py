@@ -5,7 +5,7 @@
    distinctive secrets, success and failure paths (a judge that answers 401/400/500 and echoes
    the request headers, a judge whose answer text quotes them, a wrong AWS secret, unreachable S3
    and judge endpoints), then every byte they produced is scanned.
-2. ``imagebench sql`` (CLI and :func:`tasks.lake.query`) cannot write, attach or read outside the
+2. ``imagebench sql`` (CLI and :func:`tasks.lake.tables.query`) cannot write, attach or read outside the
    lake.
 3. User-supplied identifiers that reach a path or a SQL string are validated or parameterised.
 4. Checkpoints load with safetensors (or ``weights_only``) only: an AST scan of the sources, and a
@@ -177,10 +177,10 @@ def test_scanner_finds_planted_secrets(tmp_path):
 
 
 def test_redact_masks_secrets_in_every_form_and_in_log_records():
-    """tasks/redact.py, quickly (the flow test below is the real proof)."""
+    """tasks/store/redact.py, quickly (the flow test below is the real proof)."""
     import io
 
-    from tasks.redact import install_log_redaction, redact, register_secret
+    from tasks.store.redact import install_log_redaction, redact, register_secret
 
     key = f"sk-unit-{_RUN}-redactMe0123"
     register_secret(key)
@@ -338,9 +338,9 @@ def test_credentials_never_leak(prefect_harness, workspace, secret_s3, monkeypat
     from flows.pipeline import reference_build_flow, score_model_flow
     from prefect.settings import PREFECT_API_URL
     from schemas.settings import load_settings
-    from tasks.lake import Lake
-    from tasks.storage import open_store
-    from tasks.suite import load_suite
+    from tasks.lake.tables import Lake
+    from tasks.store.storage import open_store
+    from tasks.scores.suite import load_suite
     from tests.conftest import isolate_aws_env
 
     # Importing the flows runs Prefect's setup_logging (dictConfig), which replaces the root
@@ -487,7 +487,7 @@ def test_credentials_never_leak(prefect_harness, workspace, secret_s3, monkeypat
 @pytest.fixture
 def sql_catalog(tmp_path):
     """A catalog with one model's rows; an outside directory with files worth stealing."""
-    from tasks.lake import Lake, refresh_catalog
+    from tasks.lake.tables import Lake, refresh_catalog
     from tests.tasks.test_lake import hps_rows, small_suite
 
     home = tmp_path / "home"
@@ -570,7 +570,7 @@ def _assert_nothing_written(home: Path, outside: Path, before: dict[Path, bytes]
 
 
 def test_sql_library_cannot_write_attach_or_read_outside(sql_catalog):
-    from tasks.lake import LakeError, query
+    from tasks.lake.tables import LakeError, query
 
     home, catalog, outside = sql_catalog
     lake = home / "lake"
@@ -581,7 +581,7 @@ def test_sql_library_cannot_write_attach_or_read_outside(sql_catalog):
     leaked = []
     for sql, what in _hostile_sql(lake, outside, home).items():
         if "EXPLAIN" in sql:
-            continue  # tasks.lake misses EXPLAIN ANALYZE: test_sql_library_gaps
+            continue  # tasks.lake.tables misses EXPLAIN ANALYZE: test_sql_library_gaps
         try:
             cols, rows = query(catalog, sql)
         except (LakeError, ValueError, PermissionError) as exc:
@@ -594,7 +594,7 @@ def test_sql_library_cannot_write_attach_or_read_outside(sql_catalog):
 
 
 def test_sql_library_gaps(sql_catalog):
-    from tasks.lake import LakeError, query
+    from tasks.lake.tables import LakeError, query
 
     home, catalog, outside = sql_catalog
     target = home / "lake" / "explained.csv"
@@ -664,8 +664,8 @@ def test_hostile_ids_in_import_files_scorer_and_judge_names(workspace, tmp_path)
     import polars as pl
 
     from schemas.settings import load_settings
-    from tasks.imports import ScoresFileError, import_scores_file, import_verdicts_file
-    from tasks.suite import load_suite
+    from tasks.lake.imports import ScoresFileError, import_scores_file, import_verdicts_file
+    from tasks.scores.suite import load_suite
     from tests.flows.conftest import PROMPT_IDS
 
     s = load_settings()
@@ -718,8 +718,8 @@ def test_hostile_versions_are_refused_and_sql_literals_are_quoted(tmp_path, monk
     from pydantic import ValidationError
 
     from schemas.settings import load_settings
-    from tasks.lake import Lake, query, refresh_catalog
-    from tasks.reference import _check_version
+    from tasks.lake.tables import Lake, query, refresh_catalog
+    from tasks.scores.reference import _check_version
     from tests.tasks.test_lake import hps_rows, small_suite
 
     for bad in HOSTILE:
@@ -745,7 +745,7 @@ def test_hostile_versions_are_refused_and_sql_literals_are_quoted(tmp_path, monk
 def test_hostile_judge_template_and_page_names(tmp_path):
     from tasks.judges import JudgesConfigError, load_template, parse_judges_config
     from tasks.report.build import page_name
-    from tasks.storage import InvalidModelId, S3Store
+    from tasks.store.storage import InvalidModelId, S3Store
 
     for bad in [b for b in HOSTILE if b != "x\n"]:  # "x\n": see the report (JUDGE_NAME_RE.match)
         with pytest.raises(JudgesConfigError):
@@ -899,7 +899,7 @@ def test_pickle_checkpoint_is_refused_and_never_unpickled(tiny_model, tmp_path, 
     pairs.write_text("image,prompt\nimg.png,a cat\n")
 
     from schemas.settings import load_settings
-    from tasks import work
+    from tasks.runs import pinned
     from tasks.hpsv3.model import CheckpointLayoutError
     from tasks.hpsv3.scorer import HPSv3Scorer
 
@@ -908,9 +908,9 @@ def test_pickle_checkpoint_is_refused_and_never_unpickled(tiny_model, tmp_path, 
     monkeypatch.setenv("IMAGEBENCH_DEVICE", "cpu")
     for ckpt in (as_pt, renamed):
         monkeypatch.setenv("IMAGEBENCH_HPSV3_CHECKPOINT", str(ckpt))
-        work.scorer_identity.cache_clear()
+        pinned.scorer_identity.cache_clear()
         for attempt in (
-            lambda: work.scorer_identity(work.ScorerSpec.from_settings(load_settings())),
+            lambda: pinned.scorer_identity(pinned.ScorerSpec.from_settings(load_settings())),
             lambda: HPSv3Scorer.load(str(base), str(ckpt), device="cpu"),
         ):
             with pytest.raises(CheckpointLayoutError) as info:
@@ -922,4 +922,4 @@ def test_pickle_checkpoint_is_refused_and_never_unpickled(tiny_model, tmp_path, 
         assert r.returncode == 1, r.stdout + r.stderr
         assert str(ckpt.name) in r.stderr and "safetensors is required" in r.stderr, r.stderr
         assert not marker.exists(), f"the pickle in {ckpt} was executed"
-    work.scorer_identity.cache_clear()
+    pinned.scorer_identity.cache_clear()

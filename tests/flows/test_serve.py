@@ -139,19 +139,19 @@ def _synthetic_reference(version: str) -> None:
     """Reference ``version`` built by the tiny HPSv3 scorer's identity from a synthetic baseline
     (mu = 0 on every EPS-eligible prompt): what the pipeline checks, without scoring a field."""
     from schemas.settings import load_settings
-    from tasks import work
-    from tasks.reference import build_reference
-    from tasks.suite import load_suite
+    from tasks.runs import pinned, run_ids
+    from tasks.scores.reference import build_reference
+    from tasks.scores.suite import load_suite
 
     settings = load_settings()
     suite = load_suite(settings.suite_path)
-    identity = work.scorer_identity(work.ScorerSpec.from_settings(settings))
+    identity = pinned.scorer_identity(pinned.ScorerSpec.from_settings(settings))
     rows = [{"model_id": "synthetic-base", "prompt_id": p, "mu": 0.0, "scorer_id": identity.scorer_id}
             for p in suite.eligible_ids]
     # The golden set's mu from the tiny scorer in this runtime: the served runs' canary passes.
-    golden = work.golden_for_reference(settings, work.ScorerSpec.from_settings(settings))
+    golden = pinned.golden_for_reference(settings, pinned.ScorerSpec.from_settings(settings))
     build_reference(version=version, baseline_models=["synthetic-base"], scores=rows, suite=suite,
-                    scorer=identity, reference_dir=settings.reference_dir, created_at=work.utcnow().isoformat(),
+                    scorer=identity, reference_dir=settings.reference_dir, created_at=run_ids.utcnow().isoformat(),
                     golden=golden)
 
 
@@ -274,8 +274,8 @@ def test_backfill_through_served_deployment(prefect_server, workspace, tmp_path,
 
     from flows.cli import app
     from schemas.settings import load_settings
-    from tasks.lake import Lake
-    from tasks.suite import load_suite
+    from tasks.lake.tables import Lake
+    from tasks.scores.suite import load_suite
 
     api = _ready(prefect_server).api_url
     monkeypatch.setenv("IMAGEBENCH_BOOTSTRAP_RESAMPLES", "200")
@@ -402,8 +402,8 @@ def test_prefect_yaml_backfill_runs_on_a_process_worker(prefect_server, workspac
     run overrides one key of it the way the UI's custom run does: IMAGEBENCH_DEVICE=cuda
     (prefect.yaml) becomes cpu on this machine without a GPU."""
     from schemas.settings import load_settings
-    from tasks.lake import Lake
-    from tasks.suite import load_suite
+    from tasks.lake.tables import Lake
+    from tasks.scores.suite import load_suite
 
     api = _ready(prefect_server).api_url
     deployed = {"IMAGEBENCH_HOME": str(workspace), "IMAGEBENCH_STORE": str(workspace / "objects"),

@@ -249,7 +249,7 @@ def test_first_command_runs_cold_then_warm_equals_cold(shared):
     home, which refuses a request without the workspace's secret."""
     import httpx
 
-    from tasks.lake import Lake
+    from tasks.lake.tables import Lake
 
     env, home = shared["env"], shared["home"]
     key = warm.server_key(env)

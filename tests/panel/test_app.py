@@ -111,7 +111,7 @@ def test_double_post_records_one_and_refusals(panel_study, panel_server):
 
 
 def test_memo_upload_checks_and_link(panel_study, panel_server):
-    from tasks.work import open_configured_store
+    from tasks.runs.units_ingest import open_configured_store
 
     with _client(panel_server.url) as c:
         _login(c, panel_study.tokens["p03"])

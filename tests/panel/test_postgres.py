@@ -273,7 +273,7 @@ def test_a_busy_database_answers_503_not_500_in_the_vab_panel(home):
 
     from schemas.vab import VabTask
     from tasks.panel.app import make_server
-    from tasks.panel.vab_protocols import create_vab_app, open_vab_study
+    from tasks.vab.panel import create_vab_app, open_vab_study
 
     buf = io.BytesIO()
     Image.new("RGB", (8, 8), (1, 2, 3)).save(buf, "PNG")

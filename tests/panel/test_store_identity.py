@@ -159,7 +159,7 @@ def test_a_vab_study_refuses_another_database(home, pg_server):
     from PIL import Image
 
     from schemas.vab import VabTask
-    from tasks.panel.vab_protocols import open_store, open_vab_study
+    from tasks.vab.panel import open_store, open_vab_study
 
     buf = io.BytesIO()
     Image.new("RGB", (8, 8), (1, 2, 3)).save(buf, "PNG")

@@ -20,8 +20,8 @@ from tests.panel.conftest import REPO, TOOLS, beauty_prompt_ids, make_settings, 
 
 def test_beauty_suite_is_pinned_and_published(tmp_path):
     from tasks.beauty.suite import load_beauty_suite, parse_beauty_suite
-    from tasks.reference import SuiteTampered
-    from tasks.suite import SuiteError
+    from tasks.scores.reference import SuiteTampered
+    from tasks.scores.suite import SuiteError
 
     suite = load_beauty_suite(REPO / "reference")
     assert suite.version == "beauty-index-v1" and len(suite.prompts) == 10

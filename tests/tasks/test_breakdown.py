@@ -1,4 +1,4 @@
-"""tasks/breakdown.py: per-group Capability that recombines to the headline (issue 15, item 6)."""
+"""tasks/scores/breakdown.py: per-group Capability that recombines to the headline (issue 15, item 6)."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from tasks import stats
-from tasks.breakdown import capability_by_group
+from tasks.scores import stats
+from tasks.scores.breakdown import capability_by_group
 
 
 def test_groups_recombine_to_the_headline_with_missing_and_quarantined_images():

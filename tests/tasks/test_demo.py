@@ -1,17 +1,17 @@
-"""The demo's models (tasks/demo.py): each one a distinct model (issue 8, item 12)."""
+"""The demo's models (tasks/store/demo.py): each one a distinct model (issue 8, item 12)."""
 
 from __future__ import annotations
 
 import hashlib
 
-from tasks.demo import BASELINE_FIELD, CONTENDERS, DEMO_PHOTOS, load_photo, render_model
+from tasks.store.demo import BASELINE_FIELD, CONTENDERS, DEMO_PHOTOS, load_photo, render_model
 from tests.flows.conftest import SUITE_FILE
 
 
 def test_no_two_demo_models_share_an_image():
     """demo-pristine was demo-baseline-a byte for byte. (demo-patchy is pristine photos with gaps
     by design: what it shows is coverage, so it is left out.)"""
-    from tasks.suite import load_suite
+    from tasks.scores.suite import load_suite
 
     prompts = [(p.prompt_id, p.prompt) for p in load_suite(SUITE_FILE).prompts[:4]]
     photos = [load_photo(name) for name in DEMO_PHOTOS[:4]]
@@ -27,7 +27,7 @@ def test_no_two_demo_models_share_an_image():
 def _text_images(model_ids: list[str], tmp_path) -> dict[tuple[str, str], tuple[object, str]]:
     """(model, prompt id) -> (image file, prompt) for the Text Rendering prompts, rendered exactly
     as seed_store renders them (they are the suite's first prompts, so their indices match)."""
-    from tasks.suite import load_suite
+    from tasks.scores.suite import load_suite
 
     prompts = load_suite(SUITE_FILE).prompts
     n = sum(1 for p in prompts if p.category == "Text Rendering")
@@ -63,8 +63,8 @@ def test_seeding_a_new_local_store_warns_nothing(tmp_path, caplog):
     treating it as empty" (for the store it was about to fill). Seeding creates it first."""
     import logging
 
-    from tasks.demo import seed_store
-    from tasks.storage import LocalStore
+    from tasks.store.demo import seed_store
+    from tasks.store.storage import LocalStore
 
     store = LocalStore(tmp_path / "objects")
     with caplog.at_level(logging.WARNING):

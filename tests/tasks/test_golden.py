@@ -1,4 +1,4 @@
-"""The golden-set canary (tasks/golden.py): the shipped set, the pure comparison, and a real
+"""The golden-set canary (tasks/scores/golden.py): the shipped set, the pure comparison, and a real
 tiny HPSv3 scorer in an untouched and in a deliberately perturbed runtime."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from schemas.reference import GoldenMu, GoldenRecord, ReferenceFile, ReferencePrompt, ScorerIdentity, ScorerRuntime, SuiteRef
-from tasks.golden import (
+from tasks.scores.golden import (
     TOLERANCE_BY_DTYPE,
     CanaryDrift,
     GoldenSetError,
@@ -22,7 +22,7 @@ from tasks.golden import (
     score_golden,
     tolerance_for,
 )
-from tasks.reference import ReferenceTampered
+from tasks.scores.reference import ReferenceTampered
 
 REPO = Path(__file__).resolve().parents[2]
 SHIPPED = REPO / "reference"
@@ -46,7 +46,7 @@ def _reference(golden: GoldenRecord | None) -> ReferenceFile:
 
 
 def test_shipped_golden_set_is_pinned_and_spread_over_the_categories() -> None:
-    from tasks.suite import load_suite
+    from tasks.scores.suite import load_suite
 
     golden = load_golden_set(SHIPPED)
     suite = load_suite(SHIPPED / "suite-imagebench-v1.jsonl")

@@ -1,4 +1,4 @@
-"""tasks.ingest: every bad object quarantined with the right reason, good ones all ingested,
+"""tasks.store.ingest: every bad object quarantined with the right reason, good ones all ingested,
 identical results from a local directory and from a real S3 server."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import pytest
 from PIL import Image, ImageFile
 
 from schemas.lake import IMAGE_STATES, IMAGES, QUARANTINE, QUARANTINE_REASONS
-from tasks.ingest import (
+from tasks.store.ingest import (
     ImageInfo,
     ImageLimits,
     Rejected,
@@ -26,8 +26,8 @@ from tasks.ingest import (
     mark_duplicate_images,
     plan_objects,
 )
-from tasks.storage import InvalidModelId, LocalStore, S3Store, StoredObject, StoreError, listing_fingerprint
-from tasks.suite import parse_suite
+from tasks.store.storage import InvalidModelId, LocalStore, S3Store, StoredObject, StoreError, listing_fingerprint
+from tasks.scores.suite import parse_suite
 
 NOW = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
 
@@ -512,7 +512,7 @@ def test_plan_objects_is_pure_and_sorted():
 
 
 def test_mark_duplicate_images_only_across_prompts():
-    from tasks.ingest import ObjectOutcome
+    from tasks.store.ingest import ObjectOutcome
 
     info = ImageInfo("PNG", 64, 64, "RGB")
     a = ObjectOutcome(StoredObject("u", "models/m/a.png", 1, "e"), "a", sha256="s1", info=info, image_path="x")
@@ -573,7 +573,7 @@ def test_path_of_cache_is_relative(tmp_path):
 def test_objects_of_another_pinned_suite_are_left_to_its_own_ingest(tmp_path):
     """A model that renders the Beauty Index prompts beside ImageBench's, under the same
     models/<id>/: each protocol's ingest takes its own prompts and quarantines nothing of the other's."""
-    from tasks.suite import other_suite_prompt_ids
+    from tasks.scores.suite import other_suite_prompt_ids
 
     repo_reference = Path(__file__).resolve().parents[2] / "reference"
     others = other_suite_prompt_ids(repo_reference, "imagebench-v1")

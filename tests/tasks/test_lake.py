@@ -13,9 +13,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-import tasks.lake as lake_mod
+import tasks.lake.tables as lake_mod
 from schemas.lake import HPS_SCORES, MODEL_SCORES, TABLES
-from tasks.lake import (
+from tasks.lake.tables import (
     Lake,
     LakeCorrupt,
     LakeSchemaError,
@@ -26,7 +26,7 @@ from tasks.lake import (
     refresh_catalog,
     validate_model_id,
 )
-from tasks.suite import parse_suite
+from tasks.scores.suite import parse_suite
 
 T0 = datetime(2026, 11, 1, tzinfo=timezone.utc)
 SHA = "ab" * 32
@@ -364,7 +364,7 @@ def test_import_is_light():
     import subprocess
     import sys
 
-    code = "import sys, tasks.lake; print(sorted(m for m in ('torch', 'prefect', 'great_expectations') if m in sys.modules))"
+    code = "import sys, tasks.lake.tables; print(sorted(m for m in ('torch', 'prefect', 'great_expectations') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          cwd=Path(__file__).resolve().parents[2], env={**os.environ})
     assert out.stdout.strip() == "[]"

@@ -1,5 +1,5 @@
 """The start-of-run corrupt-file check opens only files changed since a catalog refresh read them
-whole (tasks/lake_check.py, docs/LAKE.md "Corrupt files"); a file damaged after that is still caught."""
+whole (tasks/lake/check.py, docs/LAKE.md "Corrupt files"); a file damaged after that is still caught."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from tasks.lake import Lake, LakeCorrupt, refresh_catalog
-from tasks.lake_check import check_changed, unverified
+from tasks.lake.tables import Lake, LakeCorrupt, refresh_catalog
+from tasks.lake.check import check_changed, unverified
 from tests.tasks.test_lake import hps_rows, small_suite
 
 

@@ -1,4 +1,4 @@
-"""The catalog's compacted copy of the per-model tables (tasks/compact.py, docs/LAKE.md): fresh
+"""The catalog's compacted copy of the per-model tables (tasks/lake/compact.py, docs/LAKE.md): fresh
 writes show without a refresh, a refresh rewrites only the buckets of changed models, a write
 racing a compaction is never lost, corrupt files are named and set aside, incremental = full."""
 
@@ -12,8 +12,8 @@ import pyarrow as pa
 import pytest
 
 from schemas.lake import MODEL_SCORES
-from tasks import compact
-from tasks.lake import Lake, LakeCorrupt, query, refresh_catalog
+from tasks.lake import compact
+from tasks.lake.tables import Lake, LakeCorrupt, query, refresh_catalog
 from tests.tasks.test_lake import hps_rows, model_score, small_suite
 
 

@@ -1,6 +1,6 @@
 import logging
 
-from tasks import progress
+from tasks.runs import progress
 
 
 def test_log_reporter_logs_every_tenth_with_remembered_total(caplog):

@@ -11,7 +11,7 @@ import polars as pl
 import pytest
 
 from schemas.reference import ReferenceFile, ScorerIdentity
-from tasks.reference import (
+from tasks.scores.reference import (
     BaselineIncomplete,
     ReferenceError,
     ReferenceExists,
@@ -29,8 +29,8 @@ from tasks.reference import (
     verify_reference,
     verify_suite,
 )
-from tasks.scoring import eps
-from tasks.suite import parse_suite
+from tasks.scores.eps import eps
+from tasks.scores.suite import parse_suite
 
 SCORER = ScorerIdentity(scorer_name="hpsv3", source="hpsv3", checkpoint_sha256="c" * 64,
                         base_model="Qwen/Qwen2-VL-7B-Instruct")
@@ -133,7 +133,7 @@ def test_build_refused_when_sums_already_names_the_file(refdir, suite):
 
 def test_link_race_refused(refdir, suite, monkeypatch):
     """If another builder creates the file between the check and the link, os.link refuses."""
-    import tasks.reference as mod
+    import tasks.scores.reference as mod
 
     real_link = os.link
 

@@ -1,5 +1,5 @@
 """Run records from the run's start: running -> completed/failed, or crashed when the process
-holding the run's lease is gone (tasks/runstate.py). Plain functions on a real lake directory;
+holding the run's lease is gone (tasks/runs/state.py). Plain functions on a real lake directory;
 tests/flows/test_lifecycle.py kills a real command."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from tasks.lake import Lake
-from tasks.runrecord import RunRecord
-from tasks.runstate import RunJournal, lease_path, settle_crashed
+from tasks.lake.tables import Lake
+from tasks.runs.record import RunRecord
+from tasks.runs.state import RunJournal, lease_path, settle_crashed
 
 
 def _record(run_id: str) -> RunRecord:
@@ -44,8 +44,8 @@ def test_a_live_run_stays_running_a_finished_one_keeps_its_record(tmp_path):
 def test_the_lease_of_a_killed_process_is_free(tmp_path):
     home, lake_dir = tmp_path / "home", tmp_path / "home" / "lake"
     code = (
-        "import sys, time; from pathlib import Path; from tasks.runrecord import RunRecord; "
-        "from tasks.runstate import RunJournal; "
+        "import sys, time; from pathlib import Path; from tasks.runs.record import RunRecord; "
+        "from tasks.runs.state import RunJournal; "
         "r = RunRecord(run_id='victim', flow='nightly', suite_version='s', reference_version='r'); "
         f"RunJournal(Path({str(home)!r}), Path({str(lake_dir)!r}), r).start(); r.enter('discover', force=True); "
         "print('up', flush=True); time.sleep(60)"

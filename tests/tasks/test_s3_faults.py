@@ -22,8 +22,8 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from tasks.ingest import ingest_model
-from tasks.storage import S3Store, StoreError
+from tasks.store.ingest import ingest_model
+from tasks.store.storage import S3Store, StoreError
 from tests.conftest import isolate_aws_env
 from tests.faultproxy import FaultProxy
 from tests.s3server import S3Server, S3ServerError, start_moto, start_seaweedfs
@@ -157,7 +157,7 @@ def test_transient_faults_are_survived_and_visible(fenv, proxy, seeded, tmp_path
     # ...and are visible: counted by the store and logged as warnings naming the call.
     assert store.retry_counts["retried_calls"] >= 5, dict(store.retry_counts)
     assert store.retry_counts["body_retries"] >= 2, dict(store.retry_counts)
-    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING and r.name == "tasks.storage"]
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING and r.name == "tasks.store.storage"]
     assert any("succeeded after" in w and "SlowDown" in w for w in warnings), warnings
     assert any("broke off mid-body" in w for w in warnings), warnings
     assert any("ListObjectsV2" in w for w in warnings), warnings

@@ -8,7 +8,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from tasks.scoring import EpsResult, eps, reference_medians, sigmoid, table_columns
+from tasks.scores.eps import EpsResult, eps, reference_medians, sigmoid, table_columns
 
 IDS = ["a", "b", "c", "d"]
 

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import scipy.stats
 
-from tasks.scoring import eps as scoring_eps
-from tasks.stats import (
+from tasks.scores.eps import eps as scoring_eps
+from tasks.scores.stats import (
     AXES,
     CapabilityResult,
     bootstrap_draws,
@@ -183,7 +183,7 @@ def test_bootstrap_point_estimates_and_intervals_contain_them(field):
         iv = out[m]
         verdicts = ["PASS" if x == 1 else "FAIL" if x == 0 else None for x in row_p]
         assert iv.estimate.capability == capability(verdicts).capability
-        # EPS estimate = tasks.scoring.eps of a model whose mu is logit(e) against mu_ref = 0
+        # EPS estimate = tasks.scores.eps.eps of a model whose mu is logit(e) against mu_ref = 0
         # (a contribution of 0.0 is a lost image: no mu).
         ids = [str(i) for i in range(P) if ELIGIBLE[i]]
         mu = {str(i): math.log(x / (1 - x)) for i, x in enumerate(row_e) if ELIGIBLE[i] and x > 0}

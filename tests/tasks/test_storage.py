@@ -1,4 +1,4 @@
-"""tasks.storage against a real directory and a real S3 server over loopback (no boto3 patching)."""
+"""tasks.store.storage against a real directory and a real S3 server over loopback (no boto3 patching)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tasks.storage import (
+from tasks.store.storage import (
     InvalidKey,
     InvalidModelId,
     LocalStore,

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from schemas.suite import CATEGORIES, EPS_EXCLUDED_SUBCATEGORIES, PROMPT_ID_RE
-from tasks.suite import SuiteError, load_suite, parse_suite
+from tasks.scores.suite import SuiteError, load_suite, parse_suite
 
 REPO = Path(__file__).resolve().parents[2]
 SUITE_PATH = REPO / "reference" / "suite-imagebench-v1.jsonl"

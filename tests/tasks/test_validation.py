@@ -11,7 +11,7 @@ import pyarrow as pa
 import pytest
 
 from schemas.lake import TABLES
-from tasks.validation import EXPECTATIONS_DIR, SUITE_NAMES, ValidationFailed, require_valid, validate_table
+from tasks.lake.validation import EXPECTATIONS_DIR, SUITE_NAMES, ValidationFailed, require_valid, validate_table
 
 NOW = datetime(2026, 11, 1, tzinfo=timezone.utc)
 SHA = "0f" * 32

@@ -61,7 +61,7 @@ def _answers(tmp_path, judge, tasks, right) -> None:
 def _expert(tasks, right_ids) -> None:
     """One expert's answers as `vab panel export` writes them: judge_kind human, trial 0 only."""
     from schemas.settings import load_settings
-    from tasks.lake import Lake
+    from tasks.lake.tables import Lake
     from tasks.vab.tables import replace_judge_trials
 
     now = datetime.now(timezone.utc)

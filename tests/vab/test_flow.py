@@ -118,7 +118,7 @@ def test_always_slot_one_scores_exactly_as_computed_by_hand(ran) -> None:
 
 
 def test_unparsable_answers_are_retried_then_counted_wrong_and_shown(ran) -> None:
-    from tasks.lake import Lake
+    from tasks.lake.tables import Lake
     from tasks.vab.tables import read_partition
 
     m = ran["summary"]["judges"]["mumble"]
@@ -145,8 +145,8 @@ def test_a_judge_that_fails_is_recorded_as_errors_and_asked_again_next_run(ran, 
 
 
 def test_trials_are_in_the_lake_views_mapped_back_to_stored_positions(ran) -> None:
-    from tasks.lake import query, refresh_catalog
-    from tasks.suite import load_suite
+    from tasks.lake.tables import query, refresh_catalog
+    from tasks.scores.suite import load_suite
 
     settings = ran["settings"]
     suite = load_suite(Path(__file__).resolve().parents[2] / "reference" / "suite-imagebench-v1.jsonl")
@@ -231,8 +231,8 @@ def test_vab_run_names_a_bad_judge_or_collection_before_any_flow(ran) -> None:
 
 
 def test_the_trials_suite_refuses_a_pick_without_a_valid_answer(ran) -> None:
-    from tasks.lake import Lake
-    from tasks.validation import ValidationFailed, require_valid
+    from tasks.lake.tables import Lake
+    from tasks.lake.validation import ValidationFailed, require_valid
     from tasks.vab.run import trials_table
     from tasks.vab.tables import read_partition
 

@@ -234,7 +234,7 @@ def test_release_layout_checked_row_by_row(home, tmp_path) -> None:
 
 
 def test_our_prompt_and_the_expert_pages_use_each_domains_rubric() -> None:
-    from tasks.panel.vab_protocols import _rubric
+    from tasks.vab.panel import _rubric
     from tasks.vab.prompts import prompt_sha256, question_for
 
     ill, art = question_for(3, "illustration"), question_for(3, "fine_art")

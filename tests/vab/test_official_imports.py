@@ -29,7 +29,7 @@ def rel(home, tmp_path):  # noqa: F811
 
 
 def _trials(settings, judge=None):
-    from tasks.lake import Lake
+    from tasks.lake.tables import Lake
     from tasks.vab.tables import read_partition
 
     rows = read_partition(Lake(settings.lake_dir), "vab_trials", "rel").to_pylist()
@@ -103,7 +103,7 @@ def test_bad_result_rows_are_named_and_nothing_is_stored(rel, tmp_path) -> None:
 
 def test_judges_remove_even_a_name_from_before_the_rule(rel, tmp_path) -> None:
     from schemas.vab import VAB_TRIALS
-    from tasks.lake import Lake
+    from tasks.lake.tables import Lake
     from tasks.vab.tables import write_partition
 
     assert _invoke("vab", "import-results", FIX / "results" / "judge-two.json", "--sets", "rel").exit_code == 0

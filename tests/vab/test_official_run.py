@@ -83,7 +83,7 @@ def test_official_prompt_run(prefect_harness, tmp_path, monkeypatch) -> None:
     assert off["avg_pass_at_1"] == {"pick_best": pytest.approx(5 / 6), "pick_best_and_worst_both": 1.0, "pick_worst": 1.0}
     assert off["by_n_images"]["3"]["pick_best"] == 0.5  # coffee (unreadable) and rocket
     ident = json.loads(r.stdout)  # the identity recorded with the rows says prompt and temperature
-    from tasks.lake import Lake
+    from tasks.lake.tables import Lake
     from tasks.vab.tables import read_partition
 
     rows = read_partition(Lake(settings.lake_dir), "vab_trials", SETS).to_pylist()
@@ -94,8 +94,8 @@ def test_official_prompt_run(prefect_harness, tmp_path, monkeypatch) -> None:
     # the catalog's views score the official prompt types as tasks.vab.metrics does
     from pathlib import Path
 
-    from tasks.lake import query, refresh_catalog
-    from tasks.suite import load_suite
+    from tasks.lake.tables import query, refresh_catalog
+    from tasks.scores.suite import load_suite
 
     suite = load_suite(Path(__file__).resolve().parents[2] / "reference" / "suite-imagebench-v1.jsonl")
     catalog = refresh_catalog(settings.lake_dir, settings.catalog_path, suite, "test")

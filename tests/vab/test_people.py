@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tasks.panel.store import PanelError
-from tasks.panel.vab_protocols import expert_queue, parse_score
+from tasks.vab.panel import expert_queue, parse_score
 from tasks.vab import people
 
 
@@ -91,7 +91,7 @@ def test_open_names_the_task_of_an_unreadable_image_and_keeps_nothing(tmp_path):
     from PIL import Image
 
     from schemas.vab import VabTask
-    from tasks.panel.vab_protocols import open_store, open_vab_study
+    from tasks.vab.panel import open_store, open_vab_study
     from tests.panel.conftest import make_settings
 
     buf = io.BytesIO()

@@ -47,7 +47,7 @@ def browser():
 
 @pytest.fixture(scope="module")
 def vab_study(tmp_path_factory):
-    from tasks.panel.vab_protocols import open_vab_study
+    from tasks.vab.panel import open_vab_study
     from tests.panel.conftest import make_settings
 
     settings = make_settings(tmp_path_factory.mktemp("vab-people"))
@@ -60,7 +60,7 @@ def vab_study(tmp_path_factory):
 
 def _serve(settings, study_id):
     from tasks.panel.app import make_server
-    from tasks.panel.vab_protocols import create_vab_app
+    from tasks.vab.panel import create_vab_app
 
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.bind(("127.0.0.1", 0))
@@ -100,8 +100,8 @@ def test_two_experts_rank_then_score_resume_export_and_analysis(browser, vab_stu
     from selenium.webdriver.common.by import By
     from sqlalchemy import select
 
-    from tasks.panel.vab_protocols import analyze_vab_study, export_trials, open_store
-    from tasks.panel.vab_store import vimages
+    from tasks.vab.panel import analyze_vab_study, export_trials, open_store
+    from tasks.vab.store import vimages
     from tasks.vab import people
 
     settings, opened = vab_study
@@ -177,7 +177,7 @@ def test_two_experts_rank_then_score_resume_export_and_analysis(browser, vab_stu
 
     # Into the lake as human judges, scored like any other judge's trials.
     assert export_trials(settings, opened.study_id) == {ids["e1"]: 3, ids["e2"]: 3}
-    from tasks.lake import Lake
+    from tasks.lake.tables import Lake
     from tasks.vab.tables import read_partition
 
     trials = read_partition(Lake(settings.lake_dir), "vab_trials", "demo-sets").to_pylist()
@@ -206,7 +206,7 @@ def test_an_expert_views_one_image_full_screen_and_comes_back(browser, vab_study
     from selenium.webdriver.common.keys import Keys
     from selenium.webdriver.support.ui import WebDriverWait
 
-    from tasks.panel.vab_protocols import open_vab_study
+    from tasks.vab.panel import open_vab_study
 
     settings, _ = vab_study
     seeds = {(t.task_id, i): 50 + k * 7 + i for k, t in enumerate(TASKS) for i in range(len(t.images))}

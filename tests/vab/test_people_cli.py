@@ -33,7 +33,7 @@ def _form(page: str) -> dict:
 
 def test_open_answer_refusals_export_analyze_close(home, tmp_path):
     from schemas.settings import load_settings
-    from tasks.panel.vab_protocols import create_vab_app
+    from tasks.vab.panel import create_vab_app
 
     src = tmp_path / "src"
     for i in range(1, 6):
@@ -95,7 +95,7 @@ def test_open_answer_refusals_export_analyze_close(home, tmp_path):
     assert rep["experts"] == 2 and rep["tasks"] == 2 and rep["scores_vs_ranking"]["pairs"] == 4
     # scores rise with the shown slot, so the top score is the image last shown in the score block; the
     # named best is rank-block slot 1 (x01) or 2 (x02): mapped back through each block's own permutation
-    from tasks.panel.vab_protocols import expert_queue, open_store
+    from tasks.vab.panel import expert_queue, open_store
 
     store = open_store(settings, "st1")
     seed = store.study_row()["order_seed"]
@@ -109,7 +109,7 @@ def test_open_answer_refusals_export_analyze_close(home, tmp_path):
     # a store edited by hand to hold best = worst is not exported (the page and the server refuse it)
     from sqlalchemy import update
 
-    from tasks.panel.vab_store import vanswers
+    from tasks.vab.store import vanswers
 
     store = open_store(settings, "st1")
     with store._tx() as c:

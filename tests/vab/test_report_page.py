@@ -38,7 +38,7 @@ def _trial_rows(judge, kind, tasks, answer, trials=(0, 1, 2)):
 @pytest.fixture(scope="module")
 def site(tmp_path_factory):
     from schemas.settings import load_settings
-    from tasks.lake import Lake
+    from tasks.lake.tables import Lake
     from tasks.report.build import STATIC
     from tasks.report.vab import build_vab_pages
     from tasks.vab.sets import import_manifest, load_sets

@@ -15,7 +15,7 @@ from schemas.settings import load_settings
 from tasks.vab.imports import import_answers
 from tasks.vab.metrics import strict_metrics
 from tasks.vab.sets import BadSets, image_paths, import_manifest, load_sets
-from tasks.lake import Lake
+from tasks.lake.tables import Lake
 from tasks.vab.tables import read_partition
 
 
@@ -208,7 +208,7 @@ def test_sets_built_from_the_lake(settings, src, tmp_path):
     import pyarrow as pa
 
     from schemas.lake import IMAGES
-    from tasks.ingest import cache_image
+    from tasks.store.ingest import cache_image
     from tasks.vab.sets import build_from_lake
 
     p1, p2 = "tr-menus-labels-01", "tr-menus-labels-02"
@@ -251,7 +251,7 @@ def test_the_vab_tasks_suite_is_a_second_guard_before_anything_is_written():
     import pyarrow as pa
 
     from schemas.vab import VAB_TASKS
-    from tasks.validation import ValidationFailed, require_valid
+    from tasks.lake.validation import ValidationFailed, require_valid
 
     def row(task_id, n=3, best=1, worst=2, domain="photography"):
         return {"sets": "s", "task_id": task_id, "domain": domain, "substyle": None, "n_images": n,

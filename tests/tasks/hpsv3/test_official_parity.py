@@ -195,16 +195,16 @@ def test_rotary_setting_reaches_the_pipeline_scorer(tiny_base: Path, tiny_checkp
     from pydantic import ValidationError
 
     from schemas.settings import load_settings
-    from tasks import work
+    from tasks.runs import pinned
 
     monkeypatch.setenv("IMAGEBENCH_HPSV3_BASE_MODEL", str(tiny_base))
     monkeypatch.setenv("IMAGEBENCH_HPSV3_CHECKPOINT", str(tiny_checkpoint))
     monkeypatch.setenv("IMAGEBENCH_DEVICE", "cpu")
-    assert work.ScorerSpec.from_settings(load_settings()).rotary == "official"
+    assert pinned.ScorerSpec.from_settings(load_settings()).rotary == "official"
     monkeypatch.setenv("IMAGEBENCH_HPSV3_ROTARY", "float32")
-    spec = work.ScorerSpec.from_settings(load_settings())
+    spec = pinned.ScorerSpec.from_settings(load_settings())
     assert spec.rotary == "float32"
-    assert work.get_scorer(spec).loaded.rope_mode == "float32"
+    assert pinned.get_scorer(spec).loaded.rope_mode == "float32"
     monkeypatch.setenv("IMAGEBENCH_HPSV3_ROTARY", "exact")
     with pytest.raises(ValidationError, match="hpsv3_rotary"):
         load_settings()

@@ -236,7 +236,7 @@ def test_ctrl_c_leaves_no_worker_and_no_shm_dir(tiny_base, tiny_checkpoint, tmp_
 
 def test_default_workers_and_setting(monkeypatch):
     from schemas.settings import load_settings
-    from tasks.work import ScorerSpec
+    from tasks.runs.pinned import ScorerSpec
 
     cores = len(os.sched_getaffinity(0))
     assert default_preprocess_workers("cuda") == max(1, cores - 1)

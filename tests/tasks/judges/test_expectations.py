@@ -6,7 +6,7 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 
-from tasks import validation
+from tasks.lake import validation
 from tasks.judges import judge_items
 from tests.fake_openai import Reply
 from tests.tasks.judges.helpers import FAST, Script, config, endpoint, make_routing
@@ -17,7 +17,7 @@ pytestmark = pytest.mark.slow  # imports Great Expectations
 @pytest.fixture
 def judge_suites(monkeypatch: pytest.MonkeyPatch) -> None:
     missing = tuple(n for n in ("judge_calls", "verdicts") if n not in validation.SUITE_NAMES)
-    if missing:  # until tasks/validation.py lists them
+    if missing:  # until tasks/lake/validation.py lists them
         monkeypatch.setattr(validation, "SUITE_NAMES", validation.SUITE_NAMES + missing)
 
 

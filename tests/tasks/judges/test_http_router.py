@@ -407,7 +407,7 @@ def test_public_url_drops_credentials_and_query() -> None:
 
 def test_make_items_from_the_suite_and_image_rows(tmp_path) -> None:
     from tasks.judges import make_items
-    from tasks.suite import load_suite
+    from tasks.scores.suite import load_suite
     from tests.tasks.judges.helpers import write_image
 
     suite = load_suite(REPO / "reference" / "suite-imagebench-v1.jsonl")

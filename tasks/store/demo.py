@@ -216,7 +216,7 @@ def _encode(img: Image.Image, fmt: str) -> bytes:
 def create_local_root(store) -> None:
     """A local store the demo is about to fill exists before it is listed: listing a directory
     that does not exist warns "treating it as empty", which a first demo run is not news."""
-    from tasks.storage import LocalStore
+    from tasks.store.storage import LocalStore
 
     if isinstance(store, LocalStore):
         store.root.mkdir(parents=True, exist_ok=True)

@@ -4,7 +4,7 @@ Layout (see docs/LAKE.md)::
 
     <lake>/<table>/model_id=<id>/data.parquet     one model's rows (zstd); model_id also inside
     <lake>/<table>/_schema/data.parquet           zero rows, the table's schema: keeps views valid
-    <lake>/_compact/  <lake>/_fresh/              derived copy the catalog views read (tasks/compact.py)
+    <lake>/_compact/  <lake>/_fresh/              derived copy the catalog views read (tasks/lake/compact.py)
     $IMAGEBENCH_HOME/imagebench.duckdb            views over the lake + prompts + leaderboard
 
 Writes are whole-partition and atomic: a temp file in the partition directory (name not ending in
@@ -35,11 +35,13 @@ import pyarrow.parquet as pq
 from schemas.lake import REGISTRY_TABLES, RUN_TABLES, RUNS, TABLES
 from schemas.study import STUDY_TABLES  # partitioned by study_id=<id> (tasks/beauty/tables.py)
 from schemas.vab import VAB_TABLES  # partitioned by sets=<S> (tasks/vab/tables.py)
-from tasks import compact
-from tasks.storage import validate_model_id  # one rule for model ids: ^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$, no '..'
+from tasks.durable import fsync_dir
+from tasks.lake import compact
+from tasks.lake.layout import DATA_FILE, PARTITION_PREFIX
+from tasks.store.storage import validate_model_id  # one rule for model ids: ^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$, no '..'
 
 if TYPE_CHECKING:
-    from tasks.suite import Suite
+    from tasks.scores.suite import Suite
 
 __all__ = [
     "CATALOG_FORMAT",
@@ -56,9 +58,7 @@ __all__ = [
     "validate_model_id",
 ]
 
-DATA_FILE = "data.parquet"
 SCHEMA_DIR = "_schema"  # <lake>/<table>/_schema/data.parquet: typed, zero rows
-PARTITION_PREFIX = "model_id="
 COMPRESSION = "zstd"
 CATALOG_FORMAT = "imagebench-catalog/6"  # /2: model_events view; leaderboard honours retirements; /3: study tables; /4: vab tables and views; /5: compacted per-model tables; /6: vab_trials.prompt_type
 
@@ -114,7 +114,6 @@ CORRUPT_DIR = "_corrupt"  # <lake>/_corrupt/<table>/model_id=<id>/<stamp>.parque
 _RUN_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
 
-_fsync_dir = compact.fsync_dir
 _SCHEMA_CHECKED: dict[Path, compact.Stat] = {}  # schema file -> its stat when this process found it right
 
 
@@ -122,7 +121,7 @@ def _atomic_write_parquet(table: pa.Table, final: Path) -> None:
     """Temp file in the same directory (never named *.parquet), fsync, os.replace, fsync dir."""
     final.parent.mkdir(parents=True, exist_ok=True)
     compact.write_parquet_file(table, final)
-    _fsync_dir(final.parent)
+    fsync_dir(final.parent)
 
 
 def conform(table: str, data: Any) -> pa.Table:
@@ -393,7 +392,7 @@ class Lake:
             os.replace(src, dest)
             compact.publish(self.root, table, model_id, None, 0)  # its fresh links go: a tombstone hides its rows
         dest.with_suffix(".reason.txt").write_text(reason + "\n")
-        _fsync_dir(src.parent)
+        fsync_dir(src.parent)
         return dest
 
     def check_files(self) -> int:
@@ -583,7 +582,7 @@ def refresh_catalog(
 ) -> Path:
     """(Re)build the DuckDB catalog file atomically (temp file next to it, then ``os.replace``).
 
-    The per-model tables are first compacted (``tasks.compact``): only the buckets holding models
+    The per-model tables are first compacted (``tasks.lake.compact``): only the buckets holding models
     whose file changed since the last refresh are rewritten (``full``: all, from the per-model
     files). Their views read the compacted copy plus the partitions
     published since (new partitions show up without a refresh); the other tables' views glob
@@ -603,7 +602,7 @@ def refresh_catalog(
     return catalog
 
 
-# The per-model tables the catalog reads through the compacted copy (tasks/compact.py).
+# The per-model tables the catalog reads through the compacted copy (tasks/lake/compact.py).
 COMPACTED_TABLES: dict[str, pa.Schema] = {**TABLES, **REGISTRY_TABLES}
 
 
@@ -664,7 +663,7 @@ def _write_catalog(lake: Lake, catalog: Path, suite: Suite, reference_version: s
             with contextlib.suppress(FileNotFoundError):
                 p.unlink()
         raise
-    _fsync_dir(catalog.parent)
+    fsync_dir(catalog.parent)
 
 
 # Statement types a read-only connection runs. Everything else (COPY, EXPORT, ATTACH, CREATE,

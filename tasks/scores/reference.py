@@ -24,10 +24,11 @@ from typing import TYPE_CHECKING, Any
 from pydantic import ValidationError
 
 from schemas.reference import REFERENCE_FORMAT, GoldenRecord, ReferenceFile, ReferencePrompt, ScorerIdentity, SuiteRef
-from tasks.scoring import reference_medians, table_columns
+from tasks.durable import fsync_dir
+from tasks.scores.eps import reference_medians, table_columns
 
 if TYPE_CHECKING:
-    from tasks.suite import Suite
+    from tasks.scores.suite import Suite
 
 __all__ = [
     "BaselineIncomplete",
@@ -166,14 +167,6 @@ def _append_sum(reference_dir: Path, digest: str, name: str) -> None:
         os.fsync(fh.fileno())
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def canonical_json(ref: ReferenceFile) -> bytes:
     """Canonical bytes of a reference: sorted keys, indent 1, trailing newline."""
     return (json.dumps(ref.model_dump(mode="json"), sort_keys=True, indent=1, allow_nan=False) + "\n").encode()
@@ -256,17 +249,17 @@ def build_reference(
 ) -> Path:
     """Build ``reference/eps-reference-<version>.json`` once and pin it in SHA256SUMS.
 
-    ``golden``: the golden set's mu under the building runtime (tasks/golden.py), required for
+    ``golden``: the golden set's mu under the building runtime (tasks/scores/golden.py), required for
     the built-in scorer so later runs can check their runtime against it (the canary).
 
     ``scores``: a table (pyarrow / polars / pandas / column mapping / row dicts, see
-    :func:`tasks.scoring.table_columns`) with columns ``model_id, prompt_id, mu, scorer_id``.
+    :func:`tasks.scores.eps.table_columns`) with columns ``model_id, prompt_id, mu, scorer_id``.
     Every row must come from ``scorer`` (else :class:`ScorerMismatch`); every baseline model must
     have exactly one finite mu for each eligible prompt (else :class:`BaselineIncomplete` naming
     the model). Raises :class:`ReferenceExists` when the version exists (file or SHA256SUMS line):
     the existing bytes are never touched.
     """
-    from tasks.validation import ValidationFailed, require_valid
+    from tasks.lake.validation import ValidationFailed, require_valid
 
     name = reference_filename(version)
     ref_dir = Path(reference_dir)
@@ -328,7 +321,7 @@ def build_reference(
             with contextlib.suppress(FileNotFoundError):
                 tmp.unlink()
         os.chmod(final, 0o444)
-        _fsync_dir(ref_dir)
+        fsync_dir(ref_dir)
         _append_sum(ref_dir, digest, name)
     return final
 
@@ -395,7 +388,7 @@ def verify_reference_file(reference_dir: str | os.PathLike[str], version: str) -
 
 
 DEMO_REFERENCE_VERSION = "demo"  # what `imagebench demo` builds in its workspace (flows/demo.py)
-_COMMITTED_REFERENCE_DIR = Path(__file__).resolve().parents[1] / "reference"
+_COMMITTED_REFERENCE_DIR = Path(__file__).resolve().parents[2] / "reference"
 
 
 def _restore_hint(path: Path, version: str) -> str:
@@ -431,7 +424,7 @@ def verify_reference(
     (:class:`SuiteMismatch`) and its prompt ids equal ``suite.eligible_ids`` exactly; its scorer
     is ``expected_scorer_id`` / ``expected_scorer`` when given (:class:`ScorerMismatch`).
     """
-    from tasks.validation import ValidationFailed, require_valid
+    from tasks.lake.validation import ValidationFailed, require_valid
 
     path = verify_reference_file(reference_dir, version)
     _refuse_old_format(path)

@@ -43,6 +43,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from tasks.durable import fsync_dir
+
 logger = logging.getLogger(__name__)
 
 COMPACT_DIR = "_compact"
@@ -100,15 +102,6 @@ def _gens(parent: Path) -> list[int]:
         if entry.name.startswith("gen-") and entry.name[4:].isdigit():
             out.append(int(entry.name[4:]))
     return sorted(out)
-
-
-def fsync_dir(path: Path) -> None:
-    """Make a rename in ``path`` durable (the lake's writers use this too)."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 @contextlib.contextmanager
@@ -297,7 +290,7 @@ class Compaction:
     """One compaction to a new generation. Use :func:`compacted`."""
 
     def __init__(self, lake, tables: dict[str, pa.Schema], full: bool) -> None:
-        from tasks.lake import DATA_FILE, PARTITION_PREFIX
+        from tasks.lake.layout import DATA_FILE, PARTITION_PREFIX
 
         self.lake = lake
         self.root: Path = lake.root

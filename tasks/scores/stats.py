@@ -12,7 +12,7 @@ Pure functions over sequences and numpy arrays, float64 everywhere, no I/O. The 
       provisional = coverage < 1                    Capability = NaN when nothing is decided
 
 - ``EPS = 100 * mean over eligible prompts of e`` where ``e = sigmoid(mu - mu_ref)`` and a lost
-  image contributes 0 (:func:`eps_contributions`, the same numbers as :func:`tasks.scoring.eps`).
+  image contributes 0 (:func:`eps_contributions`, the same numbers as :func:`tasks.scores.eps.eps`).
 - ``Overall = 0.5 * Capability + 0.5 * EPS``.
 
 Intervals come from ONE bootstrap over the suite's prompts (:func:`bootstrap_draws`): each resample
@@ -43,7 +43,7 @@ import scipy.stats
 
 from schemas.judges import VERDICTS
 from schemas.lake import IMAGE_STATES
-from tasks.scoring import sigmoid
+from tasks.scores.eps import sigmoid
 
 __all__ = [
     "AXES",
@@ -241,7 +241,7 @@ def eps_contributions(
     """Per-prompt EPS contributions of one model, float64, in ``prompt_ids`` order:
     ``sigmoid(mu - mu_ref)`` for an eligible prompt with a mu, ``0.0`` for an eligible prompt
     without one (lost image), NaN for a non-eligible prompt. ``100 * nanmean`` of the result is
-    :func:`tasks.scoring.eps` of the same inputs (up to the last bits: scoring uses ``fsum``).
+    :func:`tasks.scores.eps.eps` of the same inputs (up to the last bits: scoring uses ``fsum``).
 
     Raises ``ValueError`` on duplicate prompt ids, eligible ids outside ``prompt_ids``, no
     eligible prompt, or a missing / non-finite reference or a non-finite mu of an eligible
@@ -396,7 +396,7 @@ def _scores(pv: np.ndarray, ev: np.ndarray) -> np.ndarray:
 
 
 def _point(pv: np.ndarray, ev: np.ndarray) -> np.ndarray:
-    """Point estimates (3,) of one model; EPS with ``fsum``, exactly as tasks.scoring.eps."""
+    """Point estimates (3,) of one model; EPS with ``fsum``, exactly as tasks.scores.eps.eps."""
     decided = ~np.isnan(pv)
     n_dec = int(decided.sum())
     cap = 100.0 * float(pv[decided].sum()) / n_dec if n_dec else math.nan

@@ -20,10 +20,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from schemas.reference import GoldenItem, GoldenMu, GoldenRecord, ReferenceFile, ScorerRuntime
-from tasks.reference import ReferenceError, ReferenceTampered, read_sha256sums
+from tasks.scores.reference import ReferenceError, ReferenceTampered, read_sha256sums
 
 if TYPE_CHECKING:
-    from tasks.suite import Suite
+    from tasks.scores.suite import Suite
 
 DEFAULT_GOLDEN_SET = "golden-v1"
 
@@ -215,7 +215,7 @@ def copy_golden_set(src_dir: str | Path, dst_dir: str | Path, name: str = DEFAUL
     a test's) and pin its manifest there; verified on both sides, existing copies kept as they are."""
     import shutil
 
-    from tasks.reference import pin_suite
+    from tasks.scores.reference import pin_suite
 
     src = load_golden_set(src_dir, name)
     dst = Path(dst_dir)
@@ -272,7 +272,7 @@ def _golden_image(index: int) -> Any:
 def write_golden_set(reference_dir: str | Path, suite: Suite, name: str = DEFAULT_GOLDEN_SET) -> Path:
     """Create ``reference/<name>.jsonl`` and ``reference/<name>/`` once and pin the manifest in
     SHA256SUMS (create-once, as the suite and references: an existing set is never rewritten)."""
-    from tasks.reference import pin_suite
+    from tasks.scores.reference import pin_suite
 
     root = Path(reference_dir)
     manifest = root / manifest_filename(name)

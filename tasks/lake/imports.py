@@ -13,7 +13,7 @@ import pyarrow.compute as pc
 
 from schemas import lake as lake_schemas
 from schemas.settings import Settings
-from tasks.suite import Suite
+from tasks.scores.suite import Suite
 
 REQUIRED = ("model_id", "prompt_id", "mu")
 OPTIONAL = ("sigma", "image_sha256")
@@ -94,7 +94,7 @@ def _float(value: object, path: Path, row: int, column: str, problems: list[str]
 
 def parse_scores(path: Path, suite: Suite) -> dict[str, list[dict]]:
     """Validate every row; collect all problems and fail once with the full list."""
-    from tasks.storage import InvalidModelId, validate_model_id
+    from tasks.store.storage import InvalidModelId, validate_model_id
 
     n_rows, cols = _read_columns(path, REQUIRED, OPTIONAL)
     problems: list[str] = []
@@ -136,9 +136,9 @@ def parse_scores(path: Path, suite: Suite) -> dict[str, list[dict]]:
 
 
 def import_scores_file(settings: Settings, suite: Suite, path: Path, scorer_name: str) -> ImportSummary:
-    from tasks import work
-    from tasks.lake import Lake
-    from tasks.reference import ReferenceError as RefError
+    from tasks.runs import pinned, run_ids, units_aggregate
+    from tasks.lake.tables import Lake
+    from tasks.scores.reference import ReferenceError as RefError
 
     # fullmatch: re.match with "$" would accept a trailing newline ("lab-x\n").
     if not isinstance(scorer_name, str) or not SCORER_NAME_RE.fullmatch(scorer_name) or scorer_name in RESERVED_SCORERS:
@@ -147,13 +147,13 @@ def import_scores_file(settings: Settings, suite: Suite, path: Path, scorer_name
             f"{RESERVED_SCORERS} (reserved for scores computed here)"
         )
     by_model = parse_scores(Path(path), suite)
-    identity = work.imported_identity(scorer_name)
-    now = work.utcnow()
+    identity = pinned.imported_identity(scorer_name)
+    now = run_ids.utcnow()
     lake = Lake(settings.lake_dir)
     models = sorted(by_model)
     # One read of the models' partitions and one Great Expectations check of every partition to
     # be written (_check_all), then one atomic write per model.
-    existing = work.split_by_model(work.read_models(lake, "hps_scores", models), models)
+    existing = units_aggregate.split_by_model(units_aggregate.read_models(lake, "hps_scores", models), models)
     tables: dict[str, pa.Table] = {}
     for model_id in models:
         rows = by_model[model_id]
@@ -181,10 +181,10 @@ def import_scores_file(settings: Settings, suite: Suite, path: Path, scorer_name
         tables[model_id] = pa.concat_tables([keep, new]).cast(lake_schemas.HPS_SCORES)
     _check_all(Path(path), "hps_scores", tables)  # all validated before any is written
     # An import is the model's full set under this scorer name: replaces earlier imports.
-    work.for_each_model(lambda m: lake.write_partition("hps_scores", m, tables[m]), models)
+    units_aggregate.for_each_model(lambda m: lake.write_partition("hps_scores", m, tables[m]), models)
     summary = ImportSummary(rows_per_model={m: len(by_model[m]) for m in models})
     try:
-        reference = work.load_verified_reference(settings, suite, identity.scorer_id)
+        reference = pinned.load_verified_reference(settings, suite, identity.scorer_id)
     except RefError as exc:
         summary.note = (
             f"scores recorded; no EPS yet: {str(exc).rstrip('. ')}. Build a reference from imported scores with "
@@ -192,7 +192,7 @@ def import_scores_file(settings: Settings, suite: Suite, path: Path, scorer_name
         )
         return summary
     known = {"hps_scores": pa.concat_tables([tables[m] for m in models])}  # what the lake now holds: not read back
-    summary.aggregated = work.aggregate_models(settings, suite, reference, models, work.new_run_id(), known=known)
+    summary.aggregated = units_aggregate.aggregate_models(settings, suite, reference, models, run_ids.new_run_id(), known=known)
     return summary
 
 
@@ -202,7 +202,7 @@ def _check_all(path: Path, suite_name: str, tables: dict[str, pa.Table]) -> None
 
     Each expectation of these suites is per row, or a uniqueness whose key includes model_id,
     so the check of the partitions put end to end is the check of each partition."""
-    from tasks.validation import ValidationFailed, require_valid
+    from tasks.lake.validation import ValidationFailed, require_valid
 
     if not tables:
         return
@@ -223,7 +223,7 @@ IMPORTABLE_VERDICTS = ("PASS", "FAIL", "ERROR", "UNPARSABLE")
 
 def parse_verdicts(path: Path, suite: Suite) -> dict[str, list[dict]]:
     """Validate every row of a verdicts file; collect all problems and fail once."""
-    from tasks.storage import InvalidModelId, validate_model_id
+    from tasks.store.storage import InvalidModelId, validate_model_id
 
     n_rows, cols = _read_columns(path, VERDICT_REQUIRED, VERDICT_OPTIONAL)
     problems: list[str] = []
@@ -268,17 +268,17 @@ def import_verdicts_file(settings: Settings, suite: Suite, path: Path) -> Import
     import hashlib
     import json
 
-    from tasks import work
-    from tasks.lake import Lake
-    from tasks.reference import ReferenceError as RefError
+    from tasks.runs import pinned, run_ids, units_aggregate
+    from tasks.lake.tables import Lake
+    from tasks.scores.reference import ReferenceError as RefError
 
     by_model = parse_verdicts(Path(path), suite)
-    now = work.utcnow()
+    now = run_ids.utcnow()
     lake = Lake(settings.lake_dir)
     sampling = json.dumps({"source": "import"}, sort_keys=True)
     question_sha = {p.prompt_id: hashlib.sha256(p.question.encode()).hexdigest() for p in suite.prompts}
     models = sorted(by_model)
-    existing = work.split_by_model(work.read_models(lake, "verdicts", models), models)
+    existing = units_aggregate.split_by_model(units_aggregate.read_models(lake, "verdicts", models), models)
     tables: dict[str, pa.Table] = {}
     for model_id in models:
         rows = by_model[model_id]
@@ -304,21 +304,21 @@ def import_verdicts_file(settings: Settings, suite: Suite, path: Path) -> Import
         keep = old.filter(pa.array([p not in replaced for p in old["prompt_id"].to_pylist()], pa.bool_()))
         tables[model_id] = pa.concat_tables([keep, new]).cast(lake_schemas.VERDICTS)
     _check_all(Path(path), "verdicts", tables)  # all validated before any is written
-    work.for_each_model(lambda m: lake.write_partition("verdicts", m, tables[m]), models)
+    units_aggregate.for_each_model(lambda m: lake.write_partition("verdicts", m, tables[m]), models)
     summary = ImportSummary(rows_per_model={m: len(by_model[m]) for m in models})
     # Only the imported models' results are read: the cost of an import does not grow with the lake.
-    results = work.read_models(lake, "model_scores", models)
+    results = units_aggregate.read_models(lake, "model_scores", models)
     scored = set(results["model_id"].to_pylist())
     todo = [m for m in models if m in scored]
     if not todo:
         summary.note = "verdicts recorded; Capability follows when the models are scored (`imagebench score`)."
         return summary
     try:
-        reference = work.load_verified_reference(settings, suite, None)
+        reference = pinned.load_verified_reference(settings, suite, None)
     except RefError as exc:
         summary.note = f"verdicts recorded; Capability not recomputed: {exc}"
         return summary
     # What the lake now holds, not read back: the verdicts just written, the results just read.
     known = {"verdicts": pa.concat_tables([tables[m] for m in todo]), "model_scores": results}
-    summary.aggregated = work.aggregate_models(settings, suite, reference, todo, work.new_run_id(), known=known)
+    summary.aggregated = units_aggregate.aggregate_models(settings, suite, reference, todo, run_ids.new_run_id(), known=known)
     return summary

@@ -15,7 +15,7 @@ import math
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
-from tasks import stats
+from tasks.scores import stats
 
 NO_IMAGE_STATES = ("missing", "quarantined")
 
@@ -67,7 +67,7 @@ def capability_by_group(
     """(one entry per group in order of first appearance, the model's total). ``verdicts`` as
     judged or effective (a missing/quarantined image counts as FAIL either way), one per prompt
     of the suite, in the order of ``image_states`` and ``groups``. The total's Capability is the
-    headline (:func:`tasks.stats.capability`). Raises ``ValueError`` on a length mismatch, an
+    headline (:func:`tasks.scores.stats.capability`). Raises ``ValueError`` on a length mismatch, an
     unknown state or verdict, or no prompts."""
     states, gs = list(image_states), list(groups)
     effective = stats.effective_verdicts(states, verdicts)  # checks states and verdicts

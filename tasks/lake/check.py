@@ -2,16 +2,16 @@
 
 Reading the footer of every per-model file at the start of each run cost one open + footer read
 per file (about 60,000 files at 10,000 models). But every catalog refresh already reads WHOLE each
-per-model file whose ``(inode, mtime_ns, size)`` changed since the previous refresh (tasks/compact.py),
+per-model file whose ``(inode, mtime_ns, size)`` changed since the previous refresh (tasks/lake/compact.py),
 and records those stats in ``<lake>/_compact/state.json`` only when all of them decoded (a corrupt
-one raises :class:`~tasks.lake.LakeCorrupt` and the state is not committed). So a file whose stat
+one raises :class:`~tasks.lake.tables.LakeCorrupt` and the state is not committed). So a file whose stat
 equals the recorded one is the very file a refresh decoded in full; the start check opens only
 the others (written since the last refresh, changed behind the lake's back, or never compacted).
 
 What this does not see at the start: a file damaged in place with its size and mtime kept (bit
 rot, or a deliberate ``touch -d``). Such a file is still never read silently: every read of it
-raises :class:`~tasks.lake.LakeCorrupt` naming it, and the flows then move it aside, record it and
-recompute the model (tasks/work.py, flows/pipeline.py ``Run.model_failed``); ``imagebench catalog
+raises :class:`~tasks.lake.tables.LakeCorrupt` naming it, and the flows then move it aside, record it and
+recompute the model (tasks/runs/, flows/pipeline.py ``Run.model_failed``); ``imagebench catalog
 --full`` reads every file whole. See docs/LAKE.md, "Corrupt files".
 
 Importing this module must stay cheap (no torch, prefect or great_expectations).
@@ -28,7 +28,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from schemas.lake import TABLES
-from tasks import compact
+from tasks.lake import compact
 
 _THREADS = 4  # stat and footer reads wait on the file system and release the GIL
 
@@ -45,7 +45,7 @@ class CheckResult:
 def unverified(lake, tables: Sequence[str] = tuple(TABLES)) -> tuple[list[tuple[str, str, Path]], int]:
     """``([(table, model_id, path)] of the per-model files whose stat differs from the last
     refresh's record, number of per-model files)``. Only ``stat`` calls: no file is opened."""
-    from tasks.lake import DATA_FILE, PARTITION_PREFIX
+    from tasks.lake.layout import DATA_FILE, PARTITION_PREFIX
 
     state = compact.read_state(lake.root)
     recorded = state["tables"] if state else {}

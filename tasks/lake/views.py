@@ -12,7 +12,7 @@ import numpy as np
 
 from schemas.reference import ReferenceFile
 from schemas.settings import Settings
-from tasks.suite import Suite
+from tasks.scores.suite import Suite
 
 
 @dataclass(frozen=True)
@@ -29,13 +29,14 @@ class PromptView:
 
 
 def model_prompts(settings: Settings, suite: Suite, reference: ReferenceFile, model_id: str) -> list[PromptView]:
-    from tasks import stats
-    from tasks.lake import Lake
-    from tasks.work import _latest_verdicts, _scores_for
+    from tasks.scores import stats
+    from tasks.lake.tables import Lake
+    from tasks.runs.units_aggregate import _latest_verdicts
+    from tasks.runs.reads import scores_for
 
     lake = Lake(settings.lake_dir)
     images = {r["prompt_id"]: r for r in lake.read("images", [model_id]).to_pylist()}
-    scores = _scores_for(settings, model_id, reference.scorer_id).to_pylist()
+    scores = scores_for(settings, model_id, reference.scorer_id).to_pylist()
     imported = reference.scorer.source == "import"
     if imported:
         mu = {r["prompt_id"]: r["mu"] for r in scores}
@@ -67,8 +68,8 @@ def model_prompts(settings: Settings, suite: Suite, reference: ReferenceFile, mo
 
 def paired_vectors(views: list[PromptView], suite: Suite, reference: ReferenceFile) -> tuple[list, np.ndarray]:
     """(verdicts, EPS contributions) in suite order, the inputs of ``stats.compare``."""
-    from tasks import stats
-    from tasks.reference import load_reference_mu
+    from tasks.scores import stats
+    from tasks.scores.reference import load_reference_mu
 
     prompt_ids = [p.prompt_id for p in suite.prompts]
     mu = {v.prompt_id: v.mu for v in views if v.mu is not None}

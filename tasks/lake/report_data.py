@@ -6,13 +6,13 @@ import numpy as np
 
 from schemas.reference import ReferenceFile
 from schemas.settings import Settings
-from tasks.suite import Suite
+from tasks.scores.suite import Suite
 
 
 def report_data_from_lake(settings: Settings, suite: Suite, reference: ReferenceFile):
-    from tasks.lake import query
+    from tasks.lake.tables import query
     from tasks.report import ImageRow, LeaderboardRow, ReportData
-    from tasks.views import model_prompts, paired_vectors
+    from tasks.lake.views import model_prompts, paired_vectors
 
     columns, rows = query(settings.catalog_path, "SELECT * FROM leaderboard")
     leaderboard = [dict(zip(columns, r)) for r in rows]
@@ -61,8 +61,8 @@ def report_data_from_lake(settings: Settings, suite: Suite, reference: Reference
 
 def _groups(suite: Suite, states, verdicts, contributions: np.ndarray, eligible: set[str], key: str) -> dict:
     """Per group: its PASS / FAIL / no-image / undecided counts, which add up over the groups to
-    the model's headline Capability (tasks/breakdown.py), and its EPS."""
-    from tasks.breakdown import capability_by_group
+    the model's headline Capability (tasks/scores/breakdown.py), and its EPS."""
+    from tasks.scores.breakdown import capability_by_group
     from tasks.report import GroupScore
 
     groups = [getattr(p, key) for p in suite.prompts]

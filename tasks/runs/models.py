@@ -30,8 +30,8 @@ import pyarrow as pa
 
 from schemas.lake import MODEL_EVENTS
 from schemas.settings import Settings
-from tasks.lake import Lake
-from tasks.storage import MODELS_PREFIX, validate_model_id
+from tasks.lake.tables import Lake
+from tasks.store.storage import MODELS_PREFIX, validate_model_id
 
 
 class ModelNotFound(LookupError):
@@ -294,8 +294,9 @@ def ensure_catalog(settings: Settings) -> tuple[Path, bool]:
     """The catalog, built from the lake (and the pinned suite) when it is missing or of an older
     format: the suite's `prompts` and every view exist before anything is scored. Returns
     ``(path, rebuilt)``."""
-    from tasks.lake import CATALOG_FORMAT
-    from tasks.work import load_pinned_suite, refresh
+    from tasks.lake.tables import CATALOG_FORMAT
+    from tasks.runs.pinned import load_pinned_suite
+    from tasks.runs.units_aggregate import refresh
 
     path = settings.catalog_path
     found = catalog_format(path)

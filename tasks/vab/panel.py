@@ -35,7 +35,7 @@ from schemas.vab import RUBRIC_AVOID, RUBRICS, SET_NAME_RE, VabTask
 from tasks.panel.app import COOKIE, CSP, CSS, MAX_FORM_BYTES, _ID_RE, _message, _page, log, redact_path
 from tasks.panel.blind import BLIND_EXTENSION, BLIND_MEDIA_TYPE, blind_image, opaque_id
 from tasks.panel.store import PanelError, sha256_hex
-from tasks.panel.vab_store import PROTOCOLS, VabPanelStore
+from tasks.vab.store import PROTOCOLS, VabPanelStore
 
 # The experts' rubric per domain: schemas.vab.RUBRICS (the paper's criteria; our VLM prompt uses the same).
 RUBRIC_COMMON_AVOID = RUBRIC_AVOID
@@ -414,7 +414,7 @@ def export_trials(settings, study_id: str) -> dict[str, int]:
     judges' kept), so experts are scored like any judge. Returns rows per expert."""
     import pyarrow.compute as pc
 
-    from tasks.lake import Lake
+    from tasks.lake.tables import Lake
     from tasks.vab.tables import replace_judge_trials
 
     sets, table = trials_table(settings, study_id)

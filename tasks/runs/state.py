@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tasks.runrecord import RunRecord
+from tasks.runs.record import RunRecord
 
 RUNNING, CRASHED = "running", "crashed"
 CHECKPOINT_MIN_S = 1.0  # between two unforced checkpoint writes (each is an fsynced Parquet file)
@@ -56,7 +56,7 @@ class RunJournal:
     """Writes one run's record to the lake while it runs, holding the run's lease."""
 
     def __init__(self, home: Path, lake_dir: Path, record: RunRecord):
-        from tasks.lake import Lake
+        from tasks.lake.tables import Lake
 
         self.path = lease_path(home, record.run_id)
         self.lake = Lake(lake_dir)
@@ -89,7 +89,7 @@ class RunJournal:
             except Exception as exc:  # noqa: BLE001
                 if not self._failed:
                     self._failed = True
-                    from tasks.redact import redact
+                    from tasks.store.redact import redact
 
                     logging.getLogger(__name__).warning(
                         "run %s: could not update its running record: %s", self.record.run_id, redact(str(exc)))
@@ -114,7 +114,7 @@ def crashed_error(row: dict[str, Any]) -> str:
 def settle_crashed(home: Path, lake_dir: Path, persist: bool = True) -> list[dict[str, Any]]:
     """The ``running`` records whose process is gone, rewritten as ``crashed`` (unless
     ``persist`` is false, or the lake cannot be written: then only returned as such)."""
-    from tasks.lake import Lake
+    from tasks.lake.tables import Lake
 
     lake = Lake(lake_dir)
     table = lake.read_runs()

@@ -31,7 +31,7 @@ __all__ = [
     "validate_table",
 ]
 
-EXPECTATIONS_DIR = Path(__file__).resolve().parent.parent / "expectations"
+EXPECTATIONS_DIR = Path(__file__).resolve().parents[2] / "expectations"
 SUITE_NAMES = ("images", "quarantine", "hps_scores", "model_scores", "judge_calls", "verdicts", "eps_reference", "runs",
                "study_answers", "study_rates", "study_index", "study_hypotheses", "study_pixel_metrics",  # docs/BEAUTY.md
                "vab_tasks", "vab_trials")  # docs/VAB.md

@@ -3,7 +3,7 @@
 ``reference build`` asks which models a scorer has scored: reading every ``hps_scores`` partition
 whole, one after the other, cost seconds per thousand models. One column, on threads (Parquet
 decoding releases the GIL), gives the same answer; an unreadable file raises
-:class:`~tasks.lake.LakeCorrupt` naming it, as every lake read does.
+:class:`~tasks.lake.tables.LakeCorrupt` naming it, as every lake read does.
 
 Importing this module must stay cheap (no torch, prefect or great_expectations).
 """
@@ -21,7 +21,7 @@ _THREADS = 8
 
 def models_with(lake_dir, table: str, column: str, value: object) -> list[str]:
     """Models (sorted) whose partition of ``table`` has at least one row with ``column == value``."""
-    from tasks.lake import Lake, LakeCorrupt
+    from tasks.lake.tables import Lake, LakeCorrupt
 
     lake = Lake(lake_dir)
     models = lake.models(table)

@@ -17,7 +17,6 @@ import logging
 import os
 import random
 import re
-import tempfile
 import threading
 import time
 from abc import ABC, abstractmethod
@@ -29,6 +28,7 @@ from pathlib import Path
 from urllib.parse import unquote, urlparse
 
 from schemas.suite import PROMPT_ID_RE
+from tasks.durable import atomic_write
 
 log = logging.getLogger(__name__)
 
@@ -333,21 +333,6 @@ class LocalStore(ObjectStore):
             raise StoreError(f"cannot write {key!r} to local store {self.root}: {exc}") from exc
 
 
-def atomic_write(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` via a temp file in the same folder and ``os.replace``."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
-
-
 # --------------------------------------------------------------------------------------------
 # S3 (AWS, SeaweedFS, MinIO, R2, ...)
 
@@ -424,8 +409,8 @@ class S3Store(ObjectStore):
         self._calls = threading.local()  # per thread: attempts and failure causes of the last call
         self._install_attempt_hooks()
         # The resolved keys are masked in every message and log record from now on (botocore's
-        # DEBUG request dumps carry the access key id): tasks/redact.py.
-        from tasks.redact import install_log_redaction, register_aws_credentials
+        # DEBUG request dumps carry the access key id): tasks/store/redact.py.
+        from tasks.store.redact import install_log_redaction, register_aws_credentials
 
         register_aws_credentials(session)
         install_log_redaction()
@@ -658,7 +643,7 @@ class S3Store(ObjectStore):
 
 
 def _redact(text: str) -> str:
-    from tasks.redact import redact
+    from tasks.store.redact import redact
 
     return redact(text) or ""
 
@@ -684,7 +669,7 @@ def _summarise(causes: list[str]) -> str:
 
 def _describe(exc: BaseException) -> str:
     # botocore messages carry the URL and the cause, never credentials; a server's message is
-    # its own text, masked all the same (tasks/redact.py).
+    # its own text, masked all the same (tasks/store/redact.py).
     return _redact(str(exc)) or type(exc).__name__
 
 

@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from datetime import datetime, timezone
 from pathlib import Path
 
-from tasks.storage import validate_model_id
+from tasks.store.storage import validate_model_id
 
 
 class ModelBusy(RuntimeError):

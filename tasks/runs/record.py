@@ -45,7 +45,7 @@ class RunRecord:
     counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(COUNTERS, 0))
     stage_s: dict[str, float] = field(default_factory=lambda: dict.fromkeys(STAGES, 0.0))
     stage: str = "start"  # the last stage entered: how far a crashed run got
-    # Writes the record while the run goes on (tasks.runstate.RunJournal); None: only at the end.
+    # Writes the record while the run goes on (tasks.runs.state.RunJournal); None: only at the end.
     journal: Any = field(default=None, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 

@@ -46,7 +46,7 @@ def read_pairs(path: Path) -> tuple[list[Path], list[str]]:
 
 def read_baseline(path: Path) -> list[str]:
     """One model id per line; blank lines and '#' comments ignored; ids validated, no duplicates."""
-    from tasks.storage import InvalidModelId, validate_model_id
+    from tasks.store.storage import InvalidModelId, validate_model_id
 
     path = Path(path)
     if not path.is_file():

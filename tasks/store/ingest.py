@@ -35,19 +35,19 @@ import pyarrow as pa
 from PIL import Image, ImageFile
 
 from schemas.lake import IMAGES, QUARANTINE, QUARANTINE_REASONS
-from tasks.storage import (
+from tasks.durable import atomic_write
+from tasks.store.storage import (
     IMAGE_EXTENSIONS,
     InvalidKey,
     ObjectStore,
     StoredObject,
     StoreError,
-    atomic_write,
     listing_fingerprint,
     parse_image_key,
     prompt_id_of_key,
     validate_model_id,
 )
-from tasks.suite import Suite
+from tasks.scores.suite import Suite
 
 log = logging.getLogger(__name__)
 

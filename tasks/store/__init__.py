@@ -1,0 +1,2 @@
+"""The object store and what comes in from it: storage, ingest, demo data, small input files,
+and the redaction that keeps credentials out of everything written."""
