@@ -18,7 +18,8 @@ i: a 10,000-model lake: leaderboard and per-category queries from plain duckdb, 
 j: the judging panel, 100 judges at once answering a whole study: p99 answer latency, SQLite vs PostgreSQL
 
 Every number is a ratio of two measurements taken in the same run; nothing here fails on a time.
-What each benchmark does: bench/README.md.
+What each benchmark does: bench/README.md. Each section is a module exposing ``report(ctx)`` (MODULES
+below) on the shared shape of bench/harness.py (interleaved rounds, ratio, markdown, summary row, plot).
 """
 
 from __future__ import annotations

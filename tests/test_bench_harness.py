@@ -161,3 +161,6 @@ def test_the_example_in_the_docstring_is_a_whole_section():
     assert rep.summary.startswith("| (k) sorted() / list.sort() | **") and rep.summary.endswith(" | ~1 | 2026-11-26, quick |")
     assert rep.body[:2] == ["| variant | median s |", "|---|---|"] and len(rep.body) == 4
     assert rep.raw["k"]["rounds"] == 3
+    readme = (BENCH / "README.md").read_text(encoding="utf-8").split("**Adding a benchmark**")[1].split("```")[1]
+    assert [line for line in code.splitlines() if line.strip()] == [
+        "    " + line for line in readme.splitlines()[3:] if line.strip()]  # the same file in bench/README.md
