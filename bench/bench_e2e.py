@@ -28,7 +28,7 @@ from common import (
     suite_prompts,
     task_run_spans,
 )
-from harness import Context, Report, interleave, round_order, summary_row
+from harness import Context, Report, disturbed_note, interleave, round_order, summary_row
 
 MODEL = "bench-m"
 MODEL_SEED = 7
@@ -205,8 +205,6 @@ def _stage_notes(res: dict, n: int) -> list[str]:
 def markdown(res: dict) -> list[str]:
     n = res["n"]
     ips = lambda s: n / s  # noqa: E731
-    from bench_preprocess import disturbed_note
-
     lines = [
         *disturbed_note(res["others_max"]),
         f"Model `{MODEL}`: {res['images_total']} images ({IMAGE_SIDE}x{IMAGE_SIDE} PNG, one per suite prompt), of which "

@@ -356,7 +356,7 @@ def svg_plot(res: dict) -> str:
 
 
 def markdown(res: dict, plot: str | None = None) -> list[str]:
-    from bench_preprocess import disturbed_note
+    from harness import disturbed_note
 
     runs, halved = res["runs"], res["halved"]
     small, big = runs[0], runs[-1]

@@ -22,7 +22,7 @@ import numpy as np
 from PIL import Image
 
 from common import CpuMeter, image_bytes
-from harness import Context, Report, round_order, summary_row
+from harness import Context, Report, disturbed_note, round_order, summary_row
 
 # (label, width, height, format): mixed sizes and formats, as labs upload them.
 SIZE_CLASSES = (
@@ -209,17 +209,6 @@ def run(work: Path, quick: bool, log) -> dict:
         "others_max": max(others),
         "others": others,
     }
-
-
-def disturbed_note(others_max: float) -> list[str]:
-    if others_max < 0.15:
-        return [f"Other processes used at most {others_max:.0%} of the machine's CPU while this was measured.", ""]
-    return [
-        f"> **Disturbed measurement**: other processes used up to {others_max:.0%} of the machine's CPU while this "
-        "was measured. Contention slows the two sides of a ratio unevenly (torch's OpenMP threads even spin, "
-        "burning CPU time, while they wait for a descheduled sibling); rerun on a quiet machine for reliable ratios.",
-        "",
-    ]
 
 
 def markdown(res: dict) -> list[str]:

@@ -202,6 +202,19 @@ def summary_row(*cells: str) -> str:
     return _row(cells)
 
 
+def disturbed_note(others_max: float) -> list[str]:
+    """The line above a section's tables saying how much of the CPU other processes used (a warning
+    from 15% up)."""
+    if others_max < 0.15:
+        return [f"Other processes used at most {others_max:.0%} of the machine's CPU while this was measured.", ""]
+    return [
+        f"> **Disturbed measurement**: other processes used up to {others_max:.0%} of the machine's CPU while this "
+        "was measured. Contention slows the two sides of a ratio unevenly (torch's OpenMP threads even spin, "
+        "burning CPU time, while they wait for a descheduled sibling); rerun on a quiet machine for reliable ratios.",
+        "",
+    ]
+
+
 @dataclass
 class Context:
     """What run_bench.py hands every section: where to work, how big, and what is shared."""

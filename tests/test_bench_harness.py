@@ -130,6 +130,12 @@ def test_table_and_summary_row():
     assert harness.summary_row("(f) x **0.44x**", "<= 0.25", "2026-11-26, quick") == "| (f) x **0.44x** | <= 0.25 | 2026-11-26, quick |"
 
 
+def test_disturbed_note_warns_from_15_percent():
+    assert harness.disturbed_note(0.149) == ["Other processes used at most 15% of the machine's CPU while this was measured.", ""]
+    note = harness.disturbed_note(0.15)
+    assert note[0].startswith("> **Disturbed measurement**: other processes used up to 15% of the machine's CPU") and note[1] == ""
+
+
 def test_section_text_and_context():
     text = harness.section("(k) Example", ["body line"], "Measured then.", "| (k) | 1x | ~1 | d, full |")
     assert text == "## (k) Example\n\nMeasured then.\n\n<!-- summary: | (k) | 1x | ~1 | d, full | -->\nbody line\n"
