@@ -50,6 +50,7 @@ from common import (  # noqa: E402
     run_measured,
     source_info,
 )
+from harness import Context, Report, summary_row  # noqa: E402
 
 SCORER = "lab-bench"
 BASELINE = ("base-0", "base-1", "base-2")
@@ -378,6 +379,19 @@ def _phase_lines(res: dict) -> list[str]:
                 cells.append("-" if value is None else f"{value:.1f}")
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
     return lines
+
+
+def report(ctx: Context) -> Report:
+    from types import SimpleNamespace
+
+    res = run(SimpleNamespace(models=200 if ctx.quick else 1000, old_models=200 if ctx.quick else 1000, src=ctx.baseline_src,
+                              per_model=1 if ctx.quick else 3, workdir=ctx.work / "import"))
+    new = res["new"]
+    before = f"; now / before **{res['ratio_new_over_old']:.2f}x**" if "ratio_new_over_old" in res else ""
+    summary = summary_row(f"(h) import {new['models']:,} models' scores + verdicts (CLI)",
+                          f"**{new['total_s']:.0f} s**{before}; now / pyarrow floor {res['ratio_new_over_floor']:.0f}x",
+                          "< 60 s (was 1,120 s)", ctx.measured)
+    return Report({"h": res}, markdown(res), summary)
 
 
 if __name__ == "__main__":

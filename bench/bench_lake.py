@@ -38,6 +38,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import PY, SUITE_FILE, CpuMeter, machine_info  # noqa: E402
+from harness import Context, Report, summary_row  # noqa: E402
 
 T0 = datetime(2026, 11, 1, tzinfo=timezone.utc)
 REFERENCE = "bench"
@@ -313,6 +314,25 @@ def markdown(out: dict) -> list[str]:
     lines += [f"| all (`imagebench catalog --full`, once after the upgrade) | {out['refresh_full_s']:.1f} |", "",
               f"The leaderboard right after those refreshes: {out['leaderboard_after_refreshes_s']:.2f} s."]
     return lines
+
+
+def report(ctx: Context) -> Report:
+    """(i): the queries and refreshes on the big lake, then the nightly on it (bench_nightly_lake.py)."""
+    import bench_nightly_lake
+
+    res = run(2000 if ctx.quick else 10_000, ctx.work / "lake", os.cpu_count() or 2, 3)
+    q = res["queries"]
+    worst_refresh = max(v["s"] for v in res["refresh_after_change"].values())
+    nl = bench_nightly_lake.run(ctx.work / "nightly-lake", ctx.tiny, ctx.ref_ws, ctx.work / "lake", res["models"], ctx.log,
+                                ctx.baseline_src)
+    summary = summary_row(
+        f"(i) {res['models']:,}-model lake, plain duckdb: leaderboard / per-category query; refresh after 50 changed",
+        f"**{q['leaderboard']['new']['query_s']:.2f} s / {q['category']['new']['query_s']:.2f} s** "
+        f"({q['leaderboard']['old_over_new']:.0f}x / {q['category']['old_over_new']:.0f}x faster than the old layout); "
+        f"**{worst_refresh:.1f} s**; nightly finding 1 new model, {res['models']:,} vs {nl['small_n']}-model lake: "
+        f"CPU {nl['cpu_extra_big_s']:+.1f} s, overhead {nl['overhead_big_s']:.1f} s (**{nl['ratio']:.2f}x**)",
+        "< 1 s each; < 5 s; <= 10 s, ~1x", ctx.measured)
+    return Report({"i": res, "i_nightly": nl}, markdown(res) + [""] + bench_nightly_lake.markdown(nl), summary)
 
 
 if __name__ == "__main__":

@@ -28,6 +28,8 @@ import threading
 import time
 from pathlib import Path
 
+from harness import Context, Report
+
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
@@ -222,6 +224,11 @@ def summary(res: dict, date: str, mode: str) -> str:
     return (f"| (j) panel: p99 answer latency, {res['judges']} judges at once, PostgreSQL / SQLite | "
             f"**{res['p99_ratio_pg_over_sqlite']:.2f}x** ({p['p99_ms']:.0f} / {s['p99_ms']:.0f} ms); lost/doubled "
             f"{p['lost'] + s['lost']}/{p['doubled'] + s['doubled']} | none lost or doubled; latency reported | {date}, {mode} |")
+
+
+def report(ctx: Context) -> Report:
+    res = run(20 if ctx.quick else 100, ctx.work / "panel")
+    return Report({"j": res}, markdown(res), summary(res, ctx.date, ctx.mode))
 
 
 def main(argv: list[str] | None = None) -> int:

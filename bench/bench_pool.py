@@ -8,9 +8,10 @@ with a batch runner that only records what it is fed and returns zeros. Same ima
 Configurations: 1 worker process, 2 worker processes, and for context 0 (today's single prefetch
 thread). One scorer per configuration (one pool each, started and warmed before timing), all on
 the same loaded tiny model (its tokenizer gives the ~950-token sequences of the tiny vocabulary).
-Rounds interleave the configurations, rotating their order; each pass records images/s and the
-share of the machine's CPU used by other processes (bench/common.py ``CpuMeter``). Reported:
-median images/s per configuration, the ratio of medians 2 vs 1 worker, and the per-round ratios.
+Rounds interleave the configurations, rotating their order (bench/harness.py ``interleave``); each
+pass records images/s and the share of the machine's CPU used by other processes (bench/common.py
+``CpuMeter``). Reported: median images/s per configuration, the ratio of medians 2 vs 1 worker, and
+the per-round ratios.
 Before timing, every configuration's outputs (input ids, pixel_values, grid of every image) are
 checked bit for bit against ``HPSv3Scorer.prepare`` (the single-thread path); the run stops if
 one differs.
@@ -31,6 +32,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import CpuMeter, TinyModel, machine_info  # noqa: E402
+from harness import Context, Report, interleave, summary_row  # noqa: E402
 
 BATCH_SIZE = 8  # the default IMAGEBENCH_BATCH_SIZE
 CONFIGS = (1, 2, 0)  # worker processes; 0 = one prefetch thread (the path before the pool)
@@ -71,8 +73,6 @@ class Recorder:
 
 
 def run(work: Path, quick: bool, log, per_class: int | None = None, rounds: int | None = None) -> dict:
-    import numpy as np
-
     from bench_preprocess import SIZE_CLASSES, make_files
     from tasks.hpsv3.scorer import HPSv3Scorer
 
@@ -102,68 +102,62 @@ def run(work: Path, quick: bool, log, per_class: int | None = None, rounds: int 
         for rec in recorders.values():
             rec.record = False
 
-        ips: dict[int, list[float]] = {w: [] for w in CONFIGS}
-        cpu_ms: dict[int, list[float]] = {w: [] for w in CONFIGS}
-        parent_ms: dict[int, list[float]] = {w: [] for w in CONFIGS}
-        others: dict[int, list[float]] = {w: [] for w in CONFIGS}
-        for r in range(rounds):
-            order = CONFIGS[r % len(CONFIGS):] + CONFIGS[: r % len(CONFIGS)]
-            for w in order:
+        def one_pass(w: int):
+            def variant() -> dict[str, float]:
                 recorders[w].fed = 0
                 meter, tree0, parent0 = CpuMeter(), _tree_cpu_s(), time.process_time()
                 t0 = time.perf_counter()
                 scorers[w].score_with_batch_sizes(files.paths, prompts, BATCH_SIZE)
                 dt = time.perf_counter() - t0
                 parent_s = time.process_time() - parent0  # before the /proc scan below
-                ips[w].append(n / dt)
                 own = _tree_cpu_s() - tree0  # this process and its worker processes
-                cpu_ms[w].append(1000 * own / n)
-                parent_ms[w].append(1000 * parent_s / n)
-                others[w].append(meter.others(own_cpu_s=own))
+                others = meter.others(own_cpu_s=own)
                 if recorders[w].fed != n:
                     raise AssertionError(f"(g) workers={w}: {recorders[w].fed} of {n} images reached the runner")
-            log(
-                f"(g) round {r + 1}/{rounds}: "
-                + ", ".join(
-                    f"{w} worker(s) {ips[w][-1]:.1f} img/s, {cpu_ms[w][-1]:.1f} CPU-ms/img "
-                    f"(parent {parent_ms[w][-1]:.1f}; others {others[w][-1]:.0%})"
-                    for w in CONFIGS
-                )
-            )
+                return {"ips": n / dt, "cpu_ms": 1000 * own / n, "parent_ms": 1000 * parent_s / n, "others": others}
+
+            return variant
+
+        def logged(r: int, s) -> None:
+            log(f"(g) round {r + 1}/{rounds}: " + ", ".join(
+                f"{w} worker(s) {s.last(str(w), 'ips'):.1f} img/s, {s.last(str(w), 'cpu_ms'):.1f} CPU-ms/img "
+                f"(parent {s.last(str(w), 'parent_ms'):.1f}; others {s.last(str(w), 'others'):.0%})" for w in CONFIGS))
+
+        samples = interleave({str(w): one_pass(w) for w in CONFIGS}, rounds, "rotate", on_round=logged)
     finally:
         for s in scorers.values():
             s.close()
-    med = {w: float(np.median(v)) for w, v in ips.items()}
-    per_round = [ips[2][r] / ips[1][r] for r in range(rounds)]
+    ws = [str(w) for w in CONFIGS]
+    r21 = samples.ratio("2", "1", "ips")
+    cpu_ms = {w: samples.median(w, "cpu_ms") for w in ws}
+    parent_ms = {w: samples.median(w, "parent_ms") for w in ws}
     return {
         "images": n,
         "image_mix": [label for label, *_ in SIZE_CLASSES],
         "batch_size": BATCH_SIZE,
         "rounds": rounds,
         "bit_identical": True,
-        "ips": {str(w): v for w, v in ips.items()},
-        "median_ips": {str(w): v for w, v in med.items()},
-        "ratio_2_vs_1": med[2] / med[1],
-        "ratio_2_vs_1_per_round": per_round,
-        "ratio_1_vs_thread": med[1] / med[0],
+        "ips": {w: samples.of(w, "ips") for w in ws},
+        "median_ips": {w: samples.median(w, "ips") for w in ws},
+        "ratio_2_vs_1": r21.value,
+        "ratio_2_vs_1_per_round": list(r21.per_round),
+        "ratio_1_vs_thread": samples.median("1", "ips") / samples.median("0", "ips"),
         # CPU time per image, all our processes and the parent alone: what the pool adds to the
         # work, whatever the load. The parent's share does not parallelise.
-        "cpu_ms_per_image": {str(w): float(np.median(v)) for w, v in cpu_ms.items()},
-        "parent_cpu_ms_per_image": {str(w): float(np.median(v)) for w, v in parent_ms.items()},
+        "cpu_ms_per_image": cpu_ms,
+        "parent_cpu_ms_per_image": parent_ms,
         # What 2 idle cores would allow, from those CPU times (not a measurement of speed): one
         # worker is bound by the slower of it and the parent, two by all the CPU on 2 cores.
         "cpu_bound_ratio_2_vs_1": _cpu_bound_ratio(cpu_ms, parent_ms),
-        "others": {str(w): v for w, v in others.items()},
-        "others_max": max(max(v) for v in others.values()),
+        "others": {w: samples.of(w, "others") for w in ws},
+        "others_max": samples.others_max(),
         "machine": machine_info(),
     }
 
 
-def _cpu_bound_ratio(cpu_ms: dict[int, list[float]], parent_ms: dict[int, list[float]]) -> float:
-    import numpy as np
-
-    tree1, par1 = float(np.median(cpu_ms[1])), float(np.median(parent_ms[1]))
-    tree2 = float(np.median(cpu_ms[2]))
+def _cpu_bound_ratio(cpu_ms: dict[str, float], parent_ms: dict[str, float]) -> float:
+    """Medians of CPU ms per image (all our processes, the parent alone), per worker count."""
+    tree1, par1, tree2 = cpu_ms["1"], parent_ms["1"], cpu_ms["2"]
     rate1 = 1 / max(tree1 - par1, par1)
     rate2 = 2 / tree2
     return min(2.0, rate2 / rate1)
@@ -209,6 +203,13 @@ def markdown(res: dict) -> list[str]:
         )
         + f"; the ratio those CPU times allow on 2 idle cores: {res['cpu_bound_ratio_2_vs_1']:.2f}x.",
     ]
+
+
+def report(ctx: Context) -> Report:
+    res = run(ctx.work / "pool", ctx.quick, ctx.log)
+    summary = summary_row("(g) preprocessing images/s, 2 workers / 1 worker",
+                          f"**{res['ratio_2_vs_1']:.2f}x** (bit-identical: {res['bit_identical']})", ">= 1.7", ctx.measured)
+    return Report({"g": res}, markdown(res), summary)
 
 
 def main() -> None:

@@ -22,6 +22,7 @@ import numpy as np
 from PIL import Image
 
 from common import CpuMeter, image_bytes
+from harness import Context, Report, disturbed_note, round_order, summary_row
 
 # (label, width, height, format): mixed sizes and formats, as labs upload them.
 SIZE_CLASSES = (
@@ -156,8 +157,7 @@ def run(work: Path, quick: bool, log) -> dict:
     for r in range(rounds):
         meter = CpuMeter()
         for i in range(n):
-            order = ("ours", "official") if (i + r) % 2 == 0 else ("official", "ours")
-            for name in order:
+            for name in round_order(("ours", "official"), i + r, "alternate"):
                 full_fn, step_fn = fns[name]
                 c0, t0 = time.process_time(), time.perf_counter()
                 full_fn(files.paths[i])
@@ -211,17 +211,6 @@ def run(work: Path, quick: bool, log) -> dict:
     }
 
 
-def disturbed_note(others_max: float) -> list[str]:
-    if others_max < 0.15:
-        return [f"Other processes used at most {others_max:.0%} of the machine's CPU while this was measured.", ""]
-    return [
-        f"> **Disturbed measurement**: other processes used up to {others_max:.0%} of the machine's CPU while this "
-        "was measured. Contention slows the two sides of a ratio unevenly (torch's OpenMP threads even spin, "
-        "burning CPU time, while they wait for a descheduled sibling); rerun on a quiet machine for reliable ratios.",
-        "",
-    ]
-
-
 def markdown(res: dict) -> list[str]:
     lo, hi = res["ratio_range"]
     slo, shi = res["step_ratio_range"]
@@ -272,3 +261,11 @@ def markdown(res: dict) -> list[str]:
         "not be the same work.",
     ]
     return lines
+
+
+def report(ctx: Context) -> Report:
+    res = run(ctx.work, ctx.quick, ctx.log)
+    summary = summary_row("(a) preprocessing images/s, ours / official-style",
+                          f"**{res['ratio']:.2f}x** (last step alone {res['step_ratio']:.1f}x)",
+                          f"> 1 (same output: {res['equal']}/{res['images']} equal)", ctx.measured)
+    return Report({"a": res}, markdown(res), summary, f"ratio {res['ratio']:.2f}x")

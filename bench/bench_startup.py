@@ -33,7 +33,6 @@ reported as median and range.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -41,6 +40,7 @@ import time
 from pathlib import Path
 
 from common import PY, SRC, TinyModel, Workspace, run_measured, suite_prompts
+from harness import Context, Report, Spread, round_order, summary_row
 
 SETTLE_S = 10.0  # after stopping a server: its Prefect API shuts down gracefully
 SMALL = 24  # images of the small model: EPS-eligible prompts, so each goes through HPSv3
@@ -84,9 +84,7 @@ def _wait_ready(src: Path, env: dict[str, str], timeout_s: float = 600.0) -> flo
 
 
 def _spread(values: list[float]) -> dict:
-    v = sorted(values)
-    mid = v[len(v) // 2] if len(v) % 2 else (v[len(v) // 2 - 1] + v[len(v) // 2]) / 2
-    return {"median": mid, "min": v[0], "max": v[-1], "n": len(v)}
+    return Spread.of(values).as_dict()
 
 
 def run(work: Path, quick: bool, log, tiny: TinyModel, ref_ws: Workspace, baseline_src: Path | None) -> dict:
@@ -136,7 +134,7 @@ def run(work: Path, quick: bool, log, tiny: TinyModel, ref_ws: Workspace, baseli
             up = run_measured(_cmd(SRC, ["score", "--model", f"api-up{r}"]), warm_env, cwd=SRC)
             if up.rc != 0:
                 raise RuntimeError(f"warm-up score failed:\n{up.stderr[-3000:]}")
-            order = list(modes) if r % 2 == 0 else list(reversed(modes))
+            order = round_order(list(modes), r, "alternate")
             for m in order:
                 if m != "cold":
                     src, warm = modes[m]
@@ -168,7 +166,7 @@ def run(work: Path, quick: bool, log, tiny: TinyModel, ref_ws: Workspace, baseli
 
 
 def _ratio(r: dict) -> str:
-    return f"**{r['median']:.2f}x** ({r['min']:.2f}-{r['max']:.2f})"
+    return Spread(r["median"], r["min"], r["max"], r["n"]).fmt()
 
 
 def markdown(res: dict) -> list[str]:
@@ -216,6 +214,19 @@ def markdown(res: dict) -> list[str]:
         "following ones fork from the server and reuse the API.",
     ]
     return lines
+
+
+def report(ctx: Context) -> Report:
+    res = run(ctx.work, ctx.quick, ctx.log, ctx.tiny, ctx.ref_ws, ctx.baseline_src)
+    base = "before" if "before" in res["modes"] else "cold"
+    w, c, r = res["modes"]["warm"], res["modes"]["cold"], res["ratios"]
+    summary = summary_row(
+        f"(f) `imagebench score` (tiny model), warm / cold: first command of a session "
+        f"**{r['first']['median']:.2f}x**, following **{r['warm']['median']:.2f}x** (long-lived Prefect API: "
+        f"{r['api_share']['median']:.2f} of cold); fixed cost now / {base}: warm {w['fixed_ratio']:.2f}x "
+        f"({res['modes'][base]['fixed_s']:.1f} -> {w['fixed_s']:.1f} s), cold {c['fixed_ratio']:.2f}x",
+        "first <= 1, following <= 0.25", ctx.measured)
+    return Report({"f": res}, markdown(res), summary)
 
 
 def main() -> None:

@@ -18,12 +18,14 @@ i: a 10,000-model lake: leaderboard and per-category queries from plain duckdb, 
 j: the judging panel, 100 judges at once answering a whole study: p99 answer latency, SQLite vs PostgreSQL
 
 Every number is a ratio of two measurements taken in the same run; nothing here fails on a time.
-What each benchmark does: bench/README.md.
+What each benchmark does: bench/README.md. Each section is a module exposing ``report(ctx)`` (MODULES
+below) on the shared shape of bench/harness.py (interleaved rounds, ratio, markdown, summary row, plot).
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import re
@@ -40,6 +42,8 @@ os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
 os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+from harness import Context, section  # noqa: E402
+
 BENCH = Path(__file__).resolve().parent
 REPO = BENCH.parent
 
@@ -54,7 +58,9 @@ SECTIONS = {
     "i": "(i) Analyst queries and the catalog refresh at 10,000 models",
     "j": "(j) Judging panel under load: 100 judges at once, SQLite and PostgreSQL",
 }
-NIGHTLY_SVG = "nightly-overhead.svg"  # (e)'s plot, written next to the results file
+# The module of each section: it exposes report(ctx: harness.Context) -> harness.Report.
+MODULES = {"a": "bench_preprocess", "b": "bench_e2e", "c": "bench_memory", "e": "bench_nightly", "f": "bench_startup",
+           "g": "bench_pool", "h": "bench_import", "i": "bench_lake", "j": "bench_panel_load"}
 _T0 = time.perf_counter()
 
 
@@ -153,10 +159,6 @@ def write_results(path: Path, sections: dict[str, str]) -> None:
     path.write_text("\n".join(parts) + tail, encoding="utf-8")
 
 
-def section(key: str, body: list[str], stamp: str, summary: str) -> str:
-    return "\n".join([f"## {SECTIONS[key]}", "", stamp, "", f"<!-- summary: {summary} -->", *body, ""])
-
-
 # --------------------------------------------------------------------------------------------
 
 
@@ -212,143 +214,14 @@ def main(argv: list[str] | None = None) -> int:
             baseline = ("base-a",) if args.quick else ("base-a", "base-b")
             ref_ws = build_reference_workspace(args.work / "reference-ws", tiny, log, baseline)
 
-        if "a" in only:
-            import bench_preprocess
-
+        ctx = Context(args.work, args.quick, log, info["date (UTC)"][:10], tiny, ref_ws, args.baseline_src, args.results,
+                      write=not args.no_write)
+        for key in (k for k in SECTIONS if k in only):
             t = time.perf_counter()
-            res = bench_preprocess.run(args.work, args.quick, log)
-            raw["a"] = res
-            summary = (f"| (a) preprocessing images/s, ours / official-style | **{res['ratio']:.2f}x** "
-                       f"(last step alone {res['step_ratio']:.1f}x) | > 1 (same output: {res['equal']}/{res['images']} "
-                       f"equal) | {info['date (UTC)'][:10]}, {mode} |")
-            sections["a"] = section("a", bench_preprocess.markdown(res), stamp, summary)
-            log(f"(a) done in {time.perf_counter() - t:.0f}s: ratio {res['ratio']:.2f}x")
-
-        if "b" in only:
-            import bench_e2e
-
-            t = time.perf_counter()
-            res = bench_e2e.run(args.work, args.quick, log, tiny, ref_ws)
-            raw["b"] = res
-            summary = (f"| (b) `imagebench score` images/s / one-at-a-time loop | whole command **{res['ratio_cmd']:.2f}x**; "
-                       f"HPSv3 stage **{res['ratio_hps']:.2f}x**; same scorer call in-process, batch 8: {res['ratio_batched']:.2f}x "
-                       f"| > 1 (the whole command is mostly fixed costs, see (b)) | {info['date (UTC)'][:10]}, {mode} |")
-            sections["b"] = section("b", bench_e2e.markdown(res) + _b_notes(res), stamp, summary)
-            log(f"(b) done in {time.perf_counter() - t:.0f}s")
-
-        if "c" in only:
-            import bench_memory
-
-            t = time.perf_counter()
-            res = bench_memory.run(args.work, args.quick, log, tiny, ref_ws)
-            raw["c"] = res
-            parts = []
-            if "nightly_ratio" in res:
-                parts.append(f"`imagebench nightly` 1,980 vs 165 images **{res['nightly_ratio']:.2f}x** "
-                             f"(1,980 vs 660: **{res['nightly_ratio_4_12']:.2f}x**)")
-            parts.append(f"scorer {res['scorer_big']:,} vs {res['scorer_small']:,} images **{res['scorer_ratio']:.2f}x**")
-            summary = f"| (c) peak RSS, 10x more images | {'; '.join(parts)} | ~1 (flat) | {info['date (UTC)'][:10]}, {mode} |"
-            sections["c"] = section("c", bench_memory.markdown(res) + _c_notes(res), stamp, summary)
-            log(f"(c) done in {time.perf_counter() - t:.0f}s")
-
-        if "e" in only:
-            import bench_nightly
-
-            t = time.perf_counter()
-            res = bench_nightly.run(args.work, args.quick, log, tiny, ref_ws)
-            res["duration_s"] = time.perf_counter() - t
-            raw["e"] = res
-            small, big = res["runs"][0], res["runs"][-1]
-            tasks_ok = "tasks = record = db = formula" if res["tasks_match"] else "**task counts disagree**"
-            summary = (f"| (e) `imagebench nightly` overhead per image (flow time outside inference + judging), "
-                       f"{big['models']} / {small['models']} models | **{res['ratio']:.2f}x** ({small['overhead_ms_per_image']:.0f} "
-                       f"-> {big['overhead_ms_per_image']:.0f} ms/image); Prefect tasks {small['prefect_tasks_record']} -> "
-                       f"{big['prefect_tasks_record']} for {small['images']:,} -> {big['images']:,} images, "
-                       f"1 + {2 + big['judge_tasks_per_model']} per model + HPSv3 batches ({tasks_ok}) "
-                       f"| <= ~1 (not growing per image); tasks follow batches | {info['date (UTC)'][:10]}, {mode} |")
-            plot = None
-            if not args.no_write:
-                svg = args.results.parent / NIGHTLY_SVG
-                svg.write_text(bench_nightly.svg_plot(res), encoding="utf-8")
-                plot = os.path.relpath(svg, args.results.parent)
-            sections["e"] = section("e", bench_nightly.markdown(res, plot) + _e_notes(res), stamp, summary)
-            log(f"(e) done in {res['duration_s']:.0f}s: overhead per image ratio {res['ratio']:.2f}x")
-        if "f" in only:
-            import bench_startup
-
-            t = time.perf_counter()
-            res = bench_startup.run(args.work, args.quick, log, tiny, ref_ws, args.baseline_src)
-            raw["f"] = res
-            base = "before" if "before" in res["modes"] else "cold"
-            w, c, r = res["modes"]["warm"], res["modes"]["cold"], res["ratios"]
-            summary = (f"| (f) `imagebench score` (tiny model), warm / cold: first command of a session "
-                       f"**{r['first']['median']:.2f}x**, following **{r['warm']['median']:.2f}x** (long-lived Prefect API: "
-                       f"{r['api_share']['median']:.2f} of cold); fixed cost now / {base}: warm {w['fixed_ratio']:.2f}x "
-                       f"({res['modes'][base]['fixed_s']:.1f} -> {w['fixed_s']:.1f} s), cold {c['fixed_ratio']:.2f}x "
-                       f"| first <= 1, following <= 0.25 | {info['date (UTC)'][:10]}, {mode} |")
-            sections["f"] = section("f", bench_startup.markdown(res), stamp, summary)
-            log(f"(f) done in {time.perf_counter() - t:.0f}s")
-        if "g" in only:
-            import bench_pool
-
-            t = time.perf_counter()
-            res = bench_pool.run(args.work / "pool", args.quick, log)
-            raw["g"] = res
-            summary = (f"| (g) preprocessing images/s, 2 workers / 1 worker | **{res['ratio_2_vs_1']:.2f}x** "
-                       f"(bit-identical: {res['bit_identical']}) | >= 1.7 | {info['date (UTC)'][:10]}, {mode} |")
-            sections["g"] = section("g", bench_pool.markdown(res), stamp, summary)
-            log(f"(g) done in {time.perf_counter() - t:.0f}s")
-
-        if "h" in only:
-            from types import SimpleNamespace
-
-            import bench_import
-
-            t = time.perf_counter()
-            res = bench_import.run(SimpleNamespace(
-                models=200 if args.quick else 1000, old_models=200 if args.quick else 1000, src=args.baseline_src,
-                per_model=1 if args.quick else 3, workdir=args.work / "import"))
-            raw["h"] = res
-            new = res["new"]
-            before = f"; now / before **{res['ratio_new_over_old']:.2f}x**" if "ratio_new_over_old" in res else ""
-            summary = (f"| (h) import {new['models']:,} models' scores + verdicts (CLI) | **{new['total_s']:.0f} s**{before}; "
-                       f"now / pyarrow floor {res['ratio_new_over_floor']:.0f}x "
-                       f"| < 60 s (was 1,120 s) | {info['date (UTC)'][:10]}, {mode} |")
-            sections["h"] = section("h", bench_import.markdown(res), stamp, summary)
-            log(f"(h) done in {time.perf_counter() - t:.0f}s")
-
-        if "i" in only:
-            import bench_lake
-
-            t = time.perf_counter()
-            res = bench_lake.run(2000 if args.quick else 10_000, args.work / "lake", os.cpu_count() or 2, 3)
-            raw["i"] = res
-            q = res["queries"]
-            worst_refresh = max(v["s"] for v in res["refresh_after_change"].values())
-            summary = (f"| (i) {res['models']:,}-model lake, plain duckdb: leaderboard / per-category query; refresh "
-                       f"after 50 changed | **{q['leaderboard']['new']['query_s']:.2f} s / {q['category']['new']['query_s']:.2f} s** "
-                       f"({q['leaderboard']['old_over_new']:.0f}x / {q['category']['old_over_new']:.0f}x faster than the old "
-                       f"layout); **{worst_refresh:.1f} s** | < 1 s each; < 5 s | {info['date (UTC)'][:10]}, {mode} |")
-            import bench_nightly_lake
-
-            nl = bench_nightly_lake.run(args.work / "nightly-lake", tiny, ref_ws, args.work / "lake", res["models"], log,
-                                        args.baseline_src)
-            raw["i_nightly"] = nl
-            summary = summary.replace(" | < 1 s each; < 5 s |", f"; nightly finding 1 new model, {res['models']:,} vs "
-                                      f"{nl['small_n']}-model lake: CPU {nl['cpu_extra_big_s']:+.1f} s, overhead "
-                                      f"{nl['overhead_big_s']:.1f} s (**{nl['ratio']:.2f}x**) | < 1 s each; < 5 s; <= 10 s, ~1x |")
-            sections["i"] = section("i", bench_lake.markdown(res) + [""] + bench_nightly_lake.markdown(nl), stamp, summary)
-            log(f"(i) done in {time.perf_counter() - t:.0f}s")
-
-        if "j" in only:
-            import bench_panel_load
-
-            t = time.perf_counter()
-            res = bench_panel_load.run(20 if args.quick else 100, args.work / "panel")
-            raw["j"] = res
-            sections["j"] = section("j", bench_panel_load.markdown(res), stamp,
-                                    bench_panel_load.summary(res, info["date (UTC)"][:10], mode))
-            log(f"(j) done in {time.perf_counter() - t:.0f}s")
+            rep = importlib.import_module(MODULES[key]).report(ctx)
+            raw.update(rep.raw)
+            sections[key] = section(SECTIONS[key], rep.body, stamp, rep.summary)
+            log(f"({key}) done in {time.perf_counter() - t:.0f}s" + (f": {rep.note}" if rep.note else ""))
     finally:
         if not args.keep:
             shutil.rmtree(args.work, ignore_errors=True)
@@ -376,159 +249,6 @@ def main(argv: list[str] | None = None) -> int:
         log(f"wrote {os.path.relpath(args.results, REPO)}")
     log(f"total {total:.0f}s")
     return 0
-
-
-def _b_notes(res: dict) -> list[str]:
-    fixed = res["fixed_s"]
-    n = res["n"]
-    return [
-        "",
-        f"What dominates: fixed costs. About **{fixed:.0f}s of the {res['cmd_wall_s']:.0f}s** command are outside "
-        "the HPSv3 stage (Python imports of torch/transformers/Prefect/Great Expectations, starting Prefect's "
-        "temporary API server, ingest and validation of 192 images, Great Expectations checks, Parquet "
-        f"publishing, EPS, DuckDB catalog), against {n / res['batched_s']:.0f} images/s for the scoring itself. "
-        "The tiny model is cheap, but not much cheaper per image than the real 7B HPSv3 on one H100 (at most ~65 "
-        "images/s by FLOPs): there too, one model of 165 images is a few seconds of GPU work behind a fixed cost "
-        "that then also includes loading 16 GB of weights. The pipeline pays off over many models per process "
-        "(`imagebench nightly`), where imports, server start-up and weight loading are paid once.",
-        "",
-        "This command runs cold (`IMAGEBENCH_WARM=off`), as it always was measured here; section (f) measures the "
-        "same command forked from the warm server, whose fixed cost is about a fifth of this.",
-    ]
-
-
-def _c_notes(res: dict) -> list[str]:
-    from common import fmt_mib
-
-    notes = [
-        "",
-        "Why two measurements: the pipeline run is the real command end to end, but spreads the images over "
-        "models (ingest, lake partitions and Prefect task runs grow with the number of models); the scorer run "
-        "puts 10x more images through ONE call of the code that does the model work, which is where \"loading "
-        "everything\" would show. Images are passed as paths and opened batch by batch on the prefetch thread, so "
-        "only about two batches of pixels are alive at once.",
-    ]
-    if "nightly" in res:
-        r1, r4, r12 = res["nightly"]
-        extra = r4["peak_kib"] - r1["peak_kib"]
-        if res["nightly_ratio_4_12"] < 1.1:
-            notes += [
-                "",
-                f"12 vs 1 model is **{res['nightly_ratio']:.2f}x**, but 12 vs 4 models (3x the images) is "
-                f"**{res['nightly_ratio_4_12']:.2f}x**: the step is a bounded overhead, not memory that grows with the "
-                f"images. With one model, its ingest finishes before HPSv3 starts; with several, the flow runs up to "
-                f"{r12['max_ingest_concurrent']} ingest tasks at once (its thread pool has 4 workers: reading, hashing, "
-                "decoding and validating images, Great Expectations checks, Parquet writes) beside the HPSv3 batches "
-                f"(always {r12['max_hps_concurrent']} at a time: the `gpu` tag limit holds), which adds about "
-                f"{fmt_mib(extra)} once, whatever the number of models. Next to the real 7B model's weights this is "
-                "small, but it is what a 1-model run does not show.",
-            ]
-        else:
-            notes += [
-                "",
-                f"**Not flat**: the peak still grows from 4 to 12 models ({res['nightly_ratio_4_12']:.2f}x); see the "
-                "RSS profile above for when it rises.",
-            ]
-    if res["scorer_ratio"] >= 1.1:
-        notes += ["", f"**Not flat**: the scorer's peak grows with the number of images ({res['scorer_ratio']:.2f}x)."]
-    return notes
-
-
-def _e_notes(res: dict) -> list[str]:
-    runs, halved = res["runs"], res["halved"]
-    small, big = runs[0], runs[-1]
-    i = big["idle"]
-    ov = big["overhead_s"] or float("nan")
-    ms = lambda s, r=big: 1000 * s / r["images"]  # noqa: E731
-    if res["ratio"] <= 1.05:
-        verdict = (f"**Overhead per image does not grow with the number of models**: {small['overhead_ms_per_image']:.0f} ms "
-                   f"at {small['models']} models, {big['overhead_ms_per_image']:.0f} ms at {big['models']} "
-                   f"(**{res['ratio']:.2f}x**): the fixed costs spread over more images.")
-    else:
-        verdict = (f"**Overhead per image grows with the number of models**: {small['overhead_ms_per_image']:.0f} ms at "
-                   f"{small['models']} models, {big['overhead_ms_per_image']:.0f} ms at {big['models']} (**{res['ratio']:.2f}x**).")
-    marg = res["marginal_ms"]
-    if len(marg) > 1:
-        verdict += (" The marginal cost of one more image (fixed costs taken out) is "
-                    + " then ".join(f"{m:.1f} ms" for m in marg) + " between consecutive sizes")
-        mid = runs[-2]
-        slow = big["inference_ms_per_image"] / mid["inference_ms_per_image"]  # contention proxy between the two runs
-        grow = marg[-1] / max(marg[0], 1e-9)
-        if grow <= 1.25:
-            verdict += ": flat, so nothing in the run costs more per model as models are added."
-        elif grow <= 1.25 * slow:
-            verdict += (f": it rises {grow:.1f}x, but inference itself ran {slow:.2f}x slower per image in the "
-                        f"{big['models']}-model run than in the {mid['models']}-model one (other processes used "
-                        f"{big['others']:.0%} vs {mid['others']:.0%} of the CPU), so the rise follows the machine's load.")
-        else:
-            verdict += (f": it rises {grow:.1f}x, more than the slowdown of inference itself between those runs "
-                        f"({slow:.2f}x): something costs more per model as models are added (see the per-model stage "
-                        "times below).")
-    pm = big.get("per_model", {})
-    if all(pm.get(k, {}).get("k") for k in ("ingest", "commit-model")):
-        growth = {k: pm[k]["last_s"] / pm[k]["first_s"] for k in ("ingest", "commit-model") if pm[k]["first_s"] > 0}
-        worst = max(growth.values(), default=1.0)
-        verdict += (f" Within the {big['models']}-model run, the last models' ingest and commit tasks took "
-                    + " and ".join(f"{g:.2f}x" for g in growth.values()) + " as long as the first models' "
-                    + ("(no growth with the models already in the lake)." if worst <= 1.25
-                       else "(**they grow with the models already in the lake**)."))
-    notes = ["", verdict, ""]
-    setup = big["first_ingest_start_s"] or 0
-    idle = (i["before_s"] + i["between_s"] + i["after_s"]) or float("nan")
-    ingest_idle = (big["first_hps_start_s"] or 0) - setup
-    load = (big["first_inference_s"] or 0) - (big["first_hps_start_s"] or 0)
-    notes.append(
-        f"What dominates, at {big['models']} models ({ov:.0f} s of overhead, {big['overhead_ms_per_image']:.0f} ms/image): "
-        f"the device slot idle **before the first inference call, {i['before_s']:.0f} s ({i['before_s'] / idle:.0%} of the "
-        f"{idle:.0f} s it was idle; judging, {big['stage_s']['judge']:.0f} s, ran beside inference)**: "
-        f"{setup:.0f} s of flow set-up before the first ingest task starts (suite and reference checks, discovery, "
-        f"locks, task submission), **{ingest_idle:.0f} s of ingest before the first HPSv3 task starts "
-        f"({ms(ingest_idle):.1f} ms per image)**, then {load:.0f} s in that first task before its `score` call "
-        "(importing torch/transformers and loading the scorer, once per process). Between inference calls the slot is "
-        f"idle only {i['between_s']:.1f} s in all (median gap {1000 * i.get('median_gap_s', 0):.0f} ms: the next batch "
-        f"is already waiting on the GPU semaphore), and {i['after_s']:.0f} s after the last call (last commit, catalog "
-        f"refresh, run record). Outside the flow, each command also pays {big['startup_s']:.0f} s of start-up (Python "
-        f"imports, the embedded Prefect API) before the flow starts, once per run."
-    )
-    if big["first_hps_start_s"] is not None and big["last_ingest_end_s"] is not None and big["models"] > 4:
-        lag = big["first_hps_start_s"] - big["last_ingest_end_s"]
-        span = big["last_ingest_end_s"] - (big["first_ingest_start_s"] or 0)
-        if lag > -0.25 * span:
-            notes += [
-                "",
-                f"**The device waits for every model to be ingested.** At {big['models']} models the ingest tasks ran "
-                f"from {big['first_ingest_start_s']:.0f} s to {big['last_ingest_end_s']:.0f} s into the flow, and the first "
-                f"HPSv3 task started at {big['first_hps_start_s']:.0f} s, when the last ingest tasks were already running: "
-                "inference did not overlap the ingest phase, although "
-                "the flow means ingest of the next model to overlap inference of the previous one. `_score_models` "
-                "(flows/pipeline.py) submits all N ingest tasks at once to the thread task runner (4 threads, a FIFO "
-                "queue) and submits a model's `hpsv3-batch` tasks only after its ingest returns, so they queue behind "
-                "every remaining ingest task. This idle time grows linearly with the number of models: it is a "
-                "constant cost per image that no number of models amortises (not a growth per image). Not changed here "
-                "(bench only); see the report.",
-            ]
-    ratio_h = big["stage_s"]["hpsv3"] / big["inference_s"] if big["inference_s"] else float("nan")
-    notes += [
-        "",
-        f"The run record's `hpsv3_s` is **{ratio_h:.1f}x** the time actually spent in `score` at {big['models']} models "
-        f"({big['stage_s']['hpsv3']:.0f} s vs {big['inference_s']:.0f} s; the flow lasted {big['total_s']:.0f} s): it is "
-        "timed around the whole task body (`_timed(work.score_hps_batch, ...)`), which includes waiting for the "
-        "per-process GPU semaphore while up to 3 other HPSv3 tasks hold the task runner's threads. `total_s - hpsv3_s - "
-        f"judge_s` is therefore negative ({big['brief_overhead_s']:.0f} s) and cannot be used as the overhead; this "
-        "section times the `score` calls in the command's process instead.",
-        "",
-        f"**Prefect tasks follow batches, not images**: every run has exactly 1 + N x (ingest + commit + "
-        f"{big['judge_tasks_per_model']} judge tasks) + HPSv3 batches task runs (record, Prefect database and formula "
-        f"agree: {'yes' if res['tasks_match'] else 'NO'}); halving IMAGEBENCH_TASK_BATCH_SIZE to {halved['task_batch']} "
-        f"at {halved['models']} models doubles the HPSv3 batches ({small['hps_batches_db']} -> {halved['hps_batches_db']}) "
-        f"and the task count moves by exactly that ({small['prefect_tasks_record']} -> {halved['prefect_tasks_record']}) "
-        "for the same images. The judge tasks per model follow IMAGEBENCH_JUDGE_TASK_SIZE (192 items / 64).",
-        "",
-        f"Context: images here are {res['image_side']} px PNGs, so ingest (read, sha256, decode, validate) is as cheap "
-        "as it gets; real 1024 px images cost more per image in ingest, which here is exactly the stage the device "
-        "waits for. Each size is one run on a shared machine (CPU used by other processes per run in the first table).",
-    ]
-    return notes
 
 
 if __name__ == "__main__":
