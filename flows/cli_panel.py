@@ -27,7 +27,8 @@ def panel_serve(
         import logging
         import sys
 
-        from tasks.panel.app import create_app, make_server
+        from tasks.beauty.panel import create_app
+        from tasks.panel.app import make_server
 
         handler = logging.StreamHandler(sys.stderr)
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))

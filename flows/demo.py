@@ -110,11 +110,11 @@ def run_demo(console: Console) -> None:
     from tasks.report import build_report
     from tasks.lake.report_data import report_data_from_lake
 
-    from tasks.beauty.demo_study import run_demo_study
+    from flows.demo_beauty import run_demo_study
     from tasks.report.study import build_study_pages
 
     run_demo_study(settings, console)  # a small Beauty Index study with SIMULATED answers (docs/BEAUTY.md)
-    from tasks.vab.demo_run import run_demo_vab
+    from flows.demo_vab import run_demo_vab
 
     run_demo_vab(settings, console)  # a small VAB run over the demo sets of graded degradations (docs/VAB.md)
     reference = pinned.load_verified_reference(settings, suite, None)

@@ -5,7 +5,7 @@ The study's images (the demo photos, degraded as each demo model does, for the 1
 store they would sit beside the ``imagebench-v1`` images as objects of an unknown prompt and be
 quarantined by the nightly. The study is opened for real (ingest, blinding, pre-registration,
 per-judge orders), then filled with SIMULATED answers (tasks/beauty/simulate.py), analysed by the
-`study-analyze` flow and given its page in the report. A second run changes nothing.
+`study-analyze` flow (flows/demo_beauty.py) and given its page in the report. A second run changes nothing.
 """
 
 from __future__ import annotations
@@ -32,9 +32,10 @@ def demo_definition() -> StudyDefinition:
     )
 
 
-def run_demo_study(settings, console) -> bool:
-    """Open, fill with SIMULATED answers and analyse the demo study (each step once). Returns
-    True when it analysed now, False when an earlier run already had."""
+def fill_demo_study(settings, console) -> bool:
+    """Open the demo study and fill it with SIMULATED answers (each step once). Returns False when
+    an earlier run already analysed it (nothing done), True when the answers are ready for the
+    `study-analyze` flow (flows/demo_beauty.py runs it)."""
     from tasks.beauty.simulate import record_simulated_answers
     from tasks.beauty.study import STUDY_FILE, open_study, study_dir
     from tasks.beauty.suite import load_beauty_suite
@@ -77,7 +78,4 @@ def run_demo_study(settings, console) -> bool:
         console.print(f"demo study {DEMO_STUDY_ID}: opened ({opened.n_images} blinded images, pre-registered)")
     n = record_simulated_answers(settings, DEMO_STUDY_ID)
     console.print(f"demo study {DEMO_STUDY_ID}: {n} [bold yellow]SIMULATED[/] answers recorded")
-    from flows.beauty import study_analyze_flow
-
-    study_analyze_flow(DEMO_STUDY_ID, mixed_resamples=DEMO_MIXED_RESAMPLES)
     return True

@@ -169,7 +169,7 @@ def export_study(settings, study_id: str, out: Path) -> Path:
         memo_files: dict[tuple[str, int], str] = {}
         memos = panel_memos(ctx)
         if memos:
-            from tasks.beauty.imports import study_salt
+            from tasks.beauty.sources import study_salt
             from tasks.store.storage import StoredObject
             from tasks.runs.units_ingest import open_configured_store
 

@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import csv
 import io
-import os
-import secrets
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -26,30 +24,11 @@ from schemas.study import LABEL_RE, STUDY_ANSWERS, StudyDefinition, salted_judge
 
 CSV_COLUMNS = ("judge", "group", "tool", "prompt_id", "answer", "shown_at", "answered_at")
 ANSWERS = {"yes": True, "no": False}
-SALT_FILE = "judge-salt"  # in the study folder; never exported, never logged
 MAX_IMPORT_BYTES = 64 * 1024 * 1024
 
 
 class AnswersImportError(ValueError):
     """A CSV of answers that cannot be imported (the message names the file and line)."""
-
-
-def study_salt(study_dir: Path) -> str:
-    """The study's secret salt for judge ids, created once (0600) on first use."""
-    path = Path(study_dir) / SALT_FILE
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    except FileExistsError:
-        salt = path.read_text().strip()
-        if len(salt) < 32:
-            raise ValueError(f"{path}: judge salt is shorter than 32 characters (corrupt?)") from None
-        return salt
-    salt = secrets.token_hex(32)
-    with os.fdopen(fd, "w") as fh:
-        fh.write(salt + "\n")
-        fh.flush()
-        os.fsync(fh.fileno())
-    return salt
 
 
 def _timestamp(value: str, column: str, where: str) -> datetime:
@@ -128,7 +107,7 @@ def import_answers(settings, study_id: str, path: Path) -> tuple[int, int]:
     """Validate ``path`` whole, then store its answers as the study's imported answers (replacing
     an earlier import of this study). Refuses a study whose panel already holds answers: one study
     has one source of answers. Returns ``(answers, judges)``."""
-    from tasks.beauty.sources import load_study_context, panel_answers
+    from tasks.beauty.sources import load_study_context, panel_answers, study_salt
     from tasks.beauty.tables import read_study_partition, write_study_partition
     from tasks.lake.tables import Lake
 

@@ -58,7 +58,7 @@ def simulate_answers(
 def record_simulated_answers(settings, study_id: str, seed: int = 7) -> int:
     """Simulate the study's answers and store them in the lake (``study_answers``, source
     ``"simulated"``), replacing earlier simulated ones. Returns the number of answers."""
-    from tasks.beauty.imports import study_salt
+    from tasks.beauty.sources import study_salt
     from tasks.beauty.sources import _open_store, load_study_context
     from tasks.beauty.tables import write_study_partition
     from tasks.lake.tables import Lake

@@ -1,5 +1,6 @@
 """Where a study's answers come from: its panel store, or answers imported / simulated into the
-lake. One study has one source (import refuses a study whose panel holds answers).
+lake. One study has one source (import refuses a study whose panel holds answers). The study's
+secret salt for judge ids (:func:`study_salt`) is here too: every source hashes labels with it.
 
 The study itself (study.yaml, pre-registration, folder) is loaded by ``tasks.beauty.study``; the
 panel store is ``tasks.panel.store.PanelStore``. Both are imported lazily: nothing here pulls in
@@ -8,6 +9,8 @@ torch, Prefect or GX.
 
 from __future__ import annotations
 
+import os
+import secrets
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -15,6 +18,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from schemas.study import PreRegistration, StudyDefinition
+
+SALT_FILE = "judge-salt"  # in the study folder; never exported, never logged
+
 
 class StudyNotReady(RuntimeError):
     """The study cannot be analysed yet (no answers, or a plan that changed after answers arrived)."""
@@ -60,6 +66,24 @@ def _open_store(ctx: StudyContext):
     return store
 
 
+def study_salt(study_dir: Path) -> str:
+    """The study's secret salt for judge ids, created once (0600) on first use."""
+    path = Path(study_dir) / SALT_FILE
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        salt = path.read_text().strip()
+        if len(salt) < 32:
+            raise ValueError(f"{path}: judge salt is shorter than 32 characters (corrupt?)") from None
+        return salt
+    salt = secrets.token_hex(32)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(salt + "\n")
+        fh.flush()
+        os.fsync(fh.fileno())
+    return salt
+
+
 def has_panel_store(ctx: StudyContext) -> bool:
     """Whether the study was opened for the panel app."""
     store = _open_store(ctx)
@@ -71,8 +95,6 @@ def has_panel_store(ctx: StudyContext) -> bool:
 
 def panel_answers(ctx: StudyContext) -> pa.Table | None:
     """The panel store's answers (STUDY_ANSWERS, salted judge ids), or None without a store."""
-    from tasks.beauty.imports import study_salt
-
     store = _open_store(ctx)
     if store is None:
         return None

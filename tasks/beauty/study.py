@@ -1,5 +1,6 @@
 """A Beauty Index study's life: ``init`` (a study.yaml to edit), ``open`` (ingest, blind,
-pre-register, draw orders, issue tokens), ``status``, ``close``. The web app is tasks/panel/app.py.
+pre-register, draw orders, issue tokens), ``status``, ``close``. The web app is
+tasks/beauty/panel.py (on the panel shell, tasks/panel/app.py).
 
 State lives under ``$IMAGEBENCH_HOME/studies/<study_id>/`` (schemas/study.py): ``study.yaml``,
 ``preregistration.json`` (create-once, read-only, pinned in that folder's ``SHA256SUMS``),

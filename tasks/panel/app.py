@@ -1,22 +1,21 @@
-"""The judging web app (FastAPI on uvicorn, pages rendered on the server, a little JS).
+"""The panel shell: what every judging web app shares, whatever its protocol (FastAPI on uvicorn,
+pages rendered on the server, a little JS). It imports no protocol: the Beauty Index
+(tasks/beauty/panel.py) and VAB's expert panel (tasks/vab/panel.py) each build their app on a
+:class:`PanelShell` over their store (a ``tasks.panel.store.SqlStore``) and add their own pages.
 
 Links and sessions: a judge's link ``/j/<token>`` (the admin's ``/admin/<token>``) is used once per
-visit to set an HttpOnly session cookie, then redirects to a token-free page; uvicorn's access log
-is off and our own request log prints ``/j/<redacted>``, so no token reaches a log. Tokens and
-cookies are stored as sha256 (tasks/panel/store.py). The same link opened again resumes where
-the judge stopped (the store knows the next unanswered position) and replaces the older session.
-One cookie per role (a judge link does not log the admin out), ``SameSite=Lax`` so that a link
-clicked in webmail (a cross-site navigation) gets in (``Strict`` drops the cookie on the redirect
-that follows), ``Secure`` when the panel's public URL is https, expiring after
-``panel_session_days``.
+visit to set an HttpOnly session cookie, then redirects to a token-free page
+(:meth:`PanelShell.sign_in`); uvicorn's access log is off and our own request log prints
+``/j/<redacted>``, so no token reaches a log. Tokens and cookies are stored as sha256
+(tasks/panel/store.py). ``SameSite=Lax`` so that a link clicked in webmail (a cross-site
+navigation) gets in (``Strict`` drops the cookie on the redirect that follows); a protocol chooses
+its cookie per role, ``Secure`` and how long a session lasts.
 
-Blind: pages and headers carry no tool or prompt, images are served from ``/img/<opaque id>`` as
-the blinded JPEG (tasks/panel/blind.py), only from the judge's own queue. One image at a time,
-Yes/No buttons and the Y/N keys, a progress bar, no way back. Answers: POSTed with the position and
-image id they answer; recorded (durably) before the redirect to the next image; a double click or
-a retried POST records one answer. Memo: recorded in the browser (MediaRecorder, stopped at
-10 s), uploaded only when the judge ticks consent, size- and type-checked, stored in the object
-store under ``studies/<id>/memos/<opaque id>.<ext>`` and linked to the answer.
+Blind: pages and headers carry no tool or prompt; images are served from ``/img/<opaque id>`` as
+the blinded JPEG (tasks/panel/blind.py), only from the judge's own queue
+(:meth:`PanelShell.image`). Answers: an answer's POST is read by :meth:`PanelShell.answer_form`
+(session, size, form fields), the same for every protocol. Every response carries the same
+security headers (CSP, no-store, no referrer, no framing); every page the same frame (:func:`_page`).
 """
 
 from __future__ import annotations
@@ -25,27 +24,24 @@ import html
 import logging
 import re
 import time
+from collections.abc import Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from urllib.parse import parse_qs
 
 from fastapi import FastAPI, Request
-from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
+from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from starlette.concurrency import run_in_threadpool
 
-from schemas.study import MEMO_MAX_SECONDS
-from tasks.panel.blind import BLIND_EXTENSION, BLIND_MEDIA_TYPE, opaque_id
-from tasks.panel.memo_audio import MEMO_CONTAINERS, MemoRejected, check_memo
-from tasks.panel.store import PanelError, PanelStore
+from tasks.panel.blind import BLIND_EXTENSION, BLIND_MEDIA_TYPE
+from tasks.panel.store import PanelError
 
 log = logging.getLogger("imagebench.panel")
 
 COOKIE = "ib_session"  # the VAB expert panel's (tasks/vab/panel.py)
-COOKIES = {"judge": "ib_judge", "admin": "ib_admin"}  # one per role: a judge link never logs the admin out
+COOKIES = {"judge": "ib_judge", "admin": "ib_admin"}  # the Beauty Index's, one per role: a judge link never logs the admin out
 MAX_POSITION = 2**31 - 1  # the store's INTEGER column; anything outside is a 400, never a 500
-MEMO_MAX_BYTES = 1_000_000  # 10 s of Opus is ~20-40 kB; anything near 1 MB is not a short memo
 MAX_FORM_BYTES = 4096
-MEMO_TYPES = MEMO_CONTAINERS  # accepted memo types (tasks/panel/memo_audio.py decodes each upload)
 _ID_RE = re.compile(r"^[A-Za-z0-9_-]{8,64}$")
 _SECRET_PATH = re.compile(r"^/(j|admin)/[^/]+")
 
@@ -66,10 +62,6 @@ def parse_position(text: str | None) -> int | None:
     return n if n <= MAX_POSITION else None
 
 
-def _pct(pair: dict) -> str:
-    return f"{100.0 * pair['yes'] / pair['answers']:.0f}%" if pair["answers"] else ""
-
-
 def _page(title: str, body: str, status: int = 200) -> HTMLResponse:
     doc = f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width, initial-scale=1">
@@ -82,6 +74,14 @@ def _message(title: str, text: str, status: int) -> HTMLResponse:
     return _page(title, f'<h1>{html.escape(title)}</h1><p id="message">{html.escape(text)}</p>', status)
 
 
+def refusal(exc: PanelError) -> HTMLResponse:
+    """The page of a store's refusal: "Nothing to do" for a 409 (already answered, queue done),
+    else "Not recorded", with the refusal's own status."""
+    return _message("Not recorded" if exc.status != 409 else "Nothing to do", str(exc), exc.status)
+
+
+# The panels' stylesheet (/static/panel.css): the page frame, the progress bar, one image with its
+# question and buttons; VAB's expert panel adds its grid and viewer (tasks/vab/panel.py).
 CSS = """body{font-family:system-ui,sans-serif;margin:0;background:#f4f4f4;color:#222}
 main{max-width:1100px;margin:0 auto;padding:1rem}
 .bar{height:10px;background:#ddd;border-radius:5px;overflow:hidden}.bar>div{height:100%;background:#3a7}
@@ -95,256 +95,88 @@ form#answer-form button{font-size:1.3rem;padding:.5rem 2.5rem}
 #memo{text-align:center;margin-top:.6rem;color:#555}
 table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:.2rem .5rem;text-align:left}"""
 
-JS = """(function(){
-var form=document.getElementById('answer-form'); if(!form) return;
-var sent=false, pending=false;
-// One answer per page: a second click, key or submit is dropped (the server would record one anyway).
-form.addEventListener('submit',function(e){ if(sent||pending){ e.preventDefault(); return; } sent=true; });
-document.addEventListener('keydown',function(e){ if(e.ctrlKey||e.metaKey||e.altKey||e.repeat) return;
-  var k=e.key.toLowerCase(); if(k!=='y'&&k!=='n') return; e.preventDefault();
-  form.requestSubmit(document.getElementById(k==='y'?'yes':'no')); });
-var rec=document.getElementById('rec'); if(!rec) return;
-var state=document.getElementById('memo-state'), consent=document.getElementById('consent'), mr=null, timer=null;
-var maxMs=parseInt(rec.dataset.maxSeconds,10)*1000, pos=form.querySelector('[name=position]').value;
-rec.addEventListener('click',function(){
-  if(mr&&mr.state==='recording'){ mr.stop(); return; }
-  if(!consent.checked){ state.textContent='Tick the box to agree that your memo is kept, then record.'; return; }
-  navigator.mediaDevices.getUserMedia({audio:true}).then(function(stream){
-    var chunks=[]; mr=new MediaRecorder(stream);
-    mr.ondataavailable=function(ev){ if(ev.data.size) chunks.push(ev.data); };
-    mr.onstop=function(){ clearTimeout(timer); stream.getTracks().forEach(function(t){t.stop();});
-      var type=(mr.mimeType||'audio/webm').split(';')[0]; var blob=new Blob(chunks,{type:type});
-      pending=true; state.textContent='Saving memo...'; rec.textContent='Record memo';
-      fetch('/memo?position='+encodeURIComponent(pos)+'&consent=1',{method:'POST',body:blob,headers:{'Content-Type':type},credentials:'same-origin'})
-        .then(function(r){ return r.json().then(function(j){ if(!r.ok) throw new Error(j.error||r.status); return j; }); })
-        .then(function(j){ document.getElementById('memo_id').value=j.memo_id; state.textContent='Memo saved.'; rec.disabled=true; })
-        .catch(function(err){ state.textContent='Memo not saved: '+err.message; })
-        .finally(function(){ pending=false; }); };
-    mr.start(); rec.textContent='Stop'; state.textContent='Recording (up to '+(maxMs/1000)+' s)...';
-    // Stop a little before the limit: a late timer or the encoder's last frame must not push a
-    // full-length memo past the server's decoded-duration check (tasks/panel/memo_audio.py).
-    timer=setTimeout(function(){ if(mr.state==='recording') mr.stop(); }, maxMs-300);
-  }).catch(function(err){ state.textContent='No microphone: '+err.message; });
-});
-})();"""
 
+class PanelShell:
+    """One study's app frame over its ``store``: the FastAPI app (no docs pages; the store disposed
+    at shutdown; security headers and the redacted request log on every response; a store's
+    refusal raised outside a handler's own try, e.g. a busy database at the session lookup, is
+    ``on_refusal``'s page with its status, not a 500) and the sessions, answer forms and blinded
+    images every protocol serves the same way.
 
-def create_app(settings, study_id: str, public_url: str | None = None) -> FastAPI:
-    """The ASGI app of one open study. ``public_url`` (default: the ``panel_url`` setting, else the
-    URL given at ``study open``): the address judges reach; https makes the cookies ``Secure``."""
-    from tasks.beauty.study import load_study, memo_key, open_panel_store, panel_url_of
-    from tasks.runs.units_ingest import open_configured_store
+    ``cookies``: the cookie of each role; ``session_s``: how long a session lasts (None: until the
+    study closes; the cookie is then a browser-session cookie); ``secure``: the cookies are
+    ``Secure`` (the panel's public URL is https); ``replace_sessions``: a link opened again ends the
+    older sessions of its role and label."""
 
-    definition, prereg, d = load_study(settings, study_id)
-    if prereg is None:
-        raise PanelError(f"study {study_id} is not open yet (imagebench study open {study_id})")
-    store: PanelStore = open_panel_store(settings, study_id)
-    if not store.exists():
-        raise PanelError(f"study {study_id} has no panel rows (imagebench study open {study_id})")
-    images_dir = Path(d) / "images"
-    public_url = public_url or panel_url_of(settings, study_id) or ""
-    secure = public_url.lower().startswith("https://")
-    session_s = float(getattr(settings, "panel_session_days", 28.0)) * 86400
-    @asynccontextmanager
-    async def lifespan(_app):
-        yield
-        store.dispose()
+    def __init__(self, store, *, cookies: dict[str, str], session_s: float | None = None, secure: bool = False,
+                 replace_sessions: bool = False, on_refusal: Callable[[PanelError], Response] = refusal):
+        self.store, self.cookies, self.session_s, self.secure = store, cookies, session_s, secure
+        self.replace_sessions = replace_sessions
 
-    app = FastAPI(docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan)
-    app.state.store = store
-    objects = open_configured_store(settings)
+        @asynccontextmanager
+        async def lifespan(_app):
+            yield
+            store.dispose()
 
-    @app.middleware("http")
-    async def _headers_and_log(request: Request, call_next):
-        t0 = time.monotonic()
-        response = await call_next(request)
-        response.headers["Cache-Control"] = "no-store"
-        response.headers["Referrer-Policy"] = "no-referrer"
-        response.headers["X-Content-Type-Options"] = "nosniff"
-        response.headers["X-Frame-Options"] = "DENY"
-        response.headers["Content-Security-Policy"] = CSP
-        log.info("%s %s %s %.0fms", request.method, redact_path(request.url.path), response.status_code,
-                 (time.monotonic() - t0) * 1000)
-        return response
+        app = FastAPI(docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan)
+        app.state.store = store
 
-    async def _session(request: Request, role: str) -> str | None:
-        got = await run_in_threadpool(store.session, request.cookies.get(COOKIES[role]), session_s)
+        @app.middleware("http")
+        async def _headers_and_log(request: Request, call_next):
+            t0 = time.monotonic()
+            response = await call_next(request)
+            response.headers["Cache-Control"] = "no-store"
+            response.headers["Referrer-Policy"] = "no-referrer"
+            response.headers["X-Content-Type-Options"] = "nosniff"
+            response.headers["X-Frame-Options"] = "DENY"
+            response.headers["Content-Security-Policy"] = CSP
+            log.info("%s %s %s %.0fms", request.method, redact_path(request.url.path), response.status_code,
+                     (time.monotonic() - t0) * 1000)
+            return response
+
+        @app.exception_handler(PanelError)
+        async def _refused(_request: Request, exc: PanelError) -> Response:
+            return on_refusal(exc)
+
+        self.app = app
+
+    async def label(self, request: Request, role: str) -> str | None:
+        """The label of the request's session in ``role`` ("" for a session without one, the
+        admin's), or None: no cookie, an unknown or expired session, another role."""
+        got = await run_in_threadpool(self.store.session, request.cookies.get(self.cookies[role]), self.session_s)
         if got is None or got[0] != role:
             return None
         return got[1] or ""
 
-    def _with_cookie(resp: Response, role: str, secret: str) -> Response:
-        resp.set_cookie(COOKIES[role], secret, max_age=int(session_s), httponly=True, samesite="lax", secure=secure, path="/")
+    async def sign_in(self, role: str, label: str | None, to: str) -> Response:
+        """A new session of ``role`` for ``label`` (a link just checked): its cookie set on the
+        redirect to the token-free page ``to``."""
+        secret = await run_in_threadpool(self.store.new_session, role, label, self.replace_sessions)
+        resp = RedirectResponse(to, status_code=303)
+        resp.set_cookie(self.cookies[role], secret, max_age=None if self.session_s is None else int(self.session_s),
+                        httponly=True, samesite="lax", secure=self.secure, path="/")
         return resp
 
-    def _error(exc: PanelError) -> HTMLResponse:
-        return _message("Not recorded" if exc.status != 409 else "Nothing to do", str(exc), exc.status)
-
-    @app.exception_handler(PanelError)
-    async def _refused(_request: Request, exc: PanelError) -> HTMLResponse:
-        # A refusal raised outside a handler's own try (the session lookup of a busy database:
-        # StoreUnavailable) is its status (503, retry), not a 500.
-        return _error(exc)
-
-    @app.get("/static/panel.css")
-    async def css() -> Response:
-        return Response(CSS, media_type="text/css")
-
-    @app.get("/static/judge.js")
-    async def js() -> Response:
-        return Response(JS, media_type="text/javascript")
-
-    @app.get("/j/{token}")
-    async def judge_link(token: str) -> Response:
-        label = await run_in_threadpool(store.judge_for_token, token) if len(token) <= 128 else None
-        if label is None:
-            return _message("Link not valid", "This link is not valid. Ask the study's organiser for yours.", 404)
-        secret = await run_in_threadpool(store.new_session, "judge", label, True)
-        return _with_cookie(RedirectResponse("/judge", status_code=303), "judge", secret)
-
-    @app.get("/judge")
-    async def judge_page(request: Request) -> Response:
-        label = await _session(request, "judge")
-        if label is None:
-            return _message("Open your link", "Open the link you were sent to start or resume.", 401)
-        try:
-            item = await run_in_threadpool(store.next_item, label)
-        except PanelError as exc:
-            return _error(exc)
-        if item is None:
-            return _message("Thank you", "You have answered every image. You can close this page.", 200)
-        pct = 100.0 * item.position / item.total
-        memo = ""
-        if definition.memo:
-            memo = (f'<div id="memo"><label><input type="checkbox" id="consent"> I agree that a voice memo I record is kept '
-                    f'with my answer (optional, at most {MEMO_MAX_SECONDS} seconds: what was the feeling?)</label><br>'
-                    f'<button type="button" id="rec" data-max-seconds="{MEMO_MAX_SECONDS}">Record memo</button> '
-                    f'<span id="memo-state"></span></div>')
-        body = f"""<div class="bar" role="progressbar" aria-valuemin="0" aria-valuemax="{item.total}" aria-valuenow="{item.position}">
-<div style="width:{pct:.1f}%"></div></div><p id="progress">Image {item.position + 1} of {item.total}</p>
-<img id="stimulus" src="/img/{item.image_id}" alt="image {item.position + 1}">
-<p class="question">{html.escape(definition.question)}</p>
-<form method="post" action="/answer" id="answer-form">
-<input type="hidden" name="position" value="{item.position}"><input type="hidden" name="image_id" value="{item.image_id}">
-<input type="hidden" name="memo_id" id="memo_id" value="">
-<button type="submit" name="answer" value="yes" id="yes">Yes (Y)</button>
-<button type="submit" name="answer" value="no" id="no">No (N)</button></form>{memo}
-<script src="/static/judge.js"></script>"""
-        return _page("Did this make you feel something?", body)
-
-    @app.get("/img/{image_id}")
-    async def image(image_id: str, request: Request) -> Response:
-        label = await _session(request, "judge")
-        # Only an image of the judge's queue while the study is open; the store notes when it was sent (QC).
-        if label is None or not _ID_RE.fullmatch(image_id) or not await run_in_threadpool(store.serve_image, label, image_id):
-            return Response("not found", status_code=404, media_type="text/plain")
-        data = await run_in_threadpool((images_dir / f"{image_id}.{BLIND_EXTENSION}").read_bytes)
-        return Response(data, media_type=BLIND_MEDIA_TYPE)
-
-    @app.post("/answer")
-    async def answer(request: Request) -> Response:
-        label = await _session(request, "judge")
+    async def answer_form(self, request: Request, role: str) -> tuple[str, dict[str, str]] | Response:
+        """An answer's POST: (label, the form's fields, first value of each), or the page that
+        refuses it: no session (401), a body over ``MAX_FORM_BYTES`` (413)."""
+        label = await self.label(request, role)
         if label is None:
             return _message("Open your link", "Your session has ended: open the link you were sent.", 401)
         body = await request.body()
         if len(body) > MAX_FORM_BYTES:
             return _message("Not recorded", "request too large", 413)
-        form = {k: v[0] for k, v in parse_qs(body.decode("utf-8", "replace")).items()}
-        position = parse_position(form.get("position"))
-        if position is None:
-            return _message("Not recorded", f"position must be a whole number from 0 to {MAX_POSITION}", 400)
-        choice, image_id, memo_id = form.get("answer"), form.get("image_id", ""), form.get("memo_id") or None
-        if choice not in ("yes", "no"):
-            return _message("Not recorded", "answer must be yes or no", 400)
-        try:
-            await run_in_threadpool(store.record_answer, label, position, image_id, choice == "yes", memo_id)
-        except PanelError as exc:
-            return _error(exc)
-        return RedirectResponse("/judge", status_code=303)
+        return label, {k: v[0] for k, v in parse_qs(body.decode("utf-8", "replace")).items()}
 
-    @app.post("/memo")
-    async def memo(request: Request, position: str = "", consent: str = "0") -> Response:
-        label = await _session(request, "judge")
-        if label is None:
-            return JSONResponse({"error": "no session"}, status_code=401)
-        if not definition.memo:
-            return JSONResponse({"error": "this study takes no memos"}, status_code=403)
-        pos = parse_position(position)
-        if pos is None:
-            return JSONResponse({"error": f"position must be a whole number from 0 to {MAX_POSITION}"}, status_code=400)
-        if consent != "1":
-            return JSONResponse({"error": "a memo is kept only with the judge's consent"}, status_code=400)
-        media_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
-        if media_type not in MEMO_TYPES:
-            return JSONResponse({"error": f"memo type {media_type or 'missing'} not accepted (audio only)"}, status_code=415)
-        declared = request.headers.get("content-length")
-        if declared is not None and (not declared.isdigit() or int(declared) > MEMO_MAX_BYTES):
-            return JSONResponse({"error": f"memo larger than {MEMO_MAX_BYTES} bytes"}, status_code=413)
-        data = bytearray()
-        async for chunk in request.stream():
-            data += chunk
-            if len(data) > MEMO_MAX_BYTES:
-                return JSONResponse({"error": f"memo larger than {MEMO_MAX_BYTES} bytes"}, status_code=413)
-        try:
-            audio = await run_in_threadpool(check_memo, bytes(data), media_type, MEMO_MAX_SECONDS)
-        except MemoRejected as exc:
-            return JSONResponse({"error": str(exc)}, status_code=exc.status)
-        ext = audio.extension
-        memo_id = opaque_id()
-        key = memo_key(study_id, memo_id, ext)
-
-        def _save() -> None:
-            row = store.study_row()
-            if row is None or row["state"] != "open":
-                from tasks.panel.store import StudyClosed
-
-                raise StudyClosed(f"study {study_id} is closed: it accepts no memos")
-            objects.write(key, bytes(data))
-            store.record_memo(label, pos, memo_id, key, media_type, len(data))
-
-        try:
-            await run_in_threadpool(_save)
-        except PanelError as exc:
-            return JSONResponse({"error": str(exc)}, status_code=exc.status)
-        return JSONResponse({"memo_id": memo_id})
-
-    @app.get("/admin/{token}")
-    async def admin_link(token: str) -> Response:
-        if len(token) > 128 or not await run_in_threadpool(store.is_admin_token, token):
-            return _message("Link not valid", "This link is not valid.", 404)
-        secret = await run_in_threadpool(store.new_session, "admin", None, True)
-        return _with_cookie(RedirectResponse("/admin", status_code=303), "admin", secret)
-
-    @app.get("/admin")
-    async def admin_page(request: Request) -> Response:
-        if await _session(request, "admin") is None:
-            return _message("Open your admin link", "Open the admin link shown at study open.", 401)
-
-        def _load():
-            return store.study_row(), store.judge_progress(), store.pair_counts()
-
-        row, judges, pairs = await run_in_threadpool(_load)
-        esc = html.escape
-        jrows = "".join(f'<tr data-judge="{esc(j["label"])}"><td>{esc(j["label"])}</td><td>{esc(j["group"])}</td>'
-                        f'<td class="answered">{j["answered"]}</td><td>{j["total"]}</td>'
-                        f'<td>{j["last_answer_at"]:%Y-%m-%d %H:%M:%S} UTC</td></tr>' if j["last_answer_at"] else
-                        f'<tr data-judge="{esc(j["label"])}"><td>{esc(j["label"])}</td><td>{esc(j["group"])}</td>'
-                        f'<td class="answered">{j["answered"]}</td><td>{j["total"]}</td><td></td></tr>' for j in judges)
-        prows = "".join(f'<tr data-pair="{esc(p["tool"])}/{esc(p["prompt_id"])}"><td>{esc(p["tool"])}</td>'
-                        f'<td>{esc(p["prompt_id"])}</td><td class="answers">{p["answers"]}</td><td class="yes">{p["yes"]}</td>'
-                        f'<td>{_pct(p)}</td></tr>' for p in pairs)
-        total = sum(j["answered"] for j in judges)
-        expected = sum(j["total"] for j in judges)
-        sim = " (SIMULATED)" if definition.simulated else ""
-        body = (f'<h1>Study {esc(study_id)}{sim}</h1><p id="state">State: <b>{esc(row["state"])}</b>; '
-                f'<span id="answers-total">{total}</span> of {expected} answers; pre-registration '
-                f'{esc(prereg.created_at)}</p><h2>Judges</h2><table id="judges"><tr><th>judge</th><th>group</th>'
-                f'<th>answered</th><th>of</th><th>last answer</th></tr>{jrows}</table>'
-                f'<h2>Answers per tool and prompt</h2><table id="pairs"><tr><th>tool</th><th>prompt</th><th>answers</th>'
-                f'<th>yes</th><th>% yes</th></tr>{prows}</table>')
-        return _page(f"Admin: {study_id}", body)
-
-    return app
+    async def image(self, request: Request, role: str, image_id: str, images_dir: Path,
+                    may_see: Callable[[str, str], bool]) -> Response:
+        """The blinded JPEG ``image_id`` from ``images_dir``, for a session of ``role`` whose
+        ``may_see(label, image_id)`` (run in a thread: the store's check) allows it; else a 404."""
+        label = await self.label(request, role)
+        if label is None or not _ID_RE.fullmatch(image_id) or not await run_in_threadpool(may_see, label, image_id):
+            return Response("not found", status_code=404, media_type="text/plain")
+        data = await run_in_threadpool((images_dir / f"{image_id}.{BLIND_EXTENSION}").read_bytes)
+        return Response(data, media_type=BLIND_MEDIA_TYPE)
 
 
 def make_server(app: FastAPI, host: str = "127.0.0.1", port: int = 8765, configure_logging: bool = True):

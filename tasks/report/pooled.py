@@ -25,7 +25,7 @@ def pooled_page_context(index_rows: list[dict], prereg_notes: dict[str, str | No
     """What the template shows (pure). ``index_rows``: study_index rows (group "all") of the
     pooled studies; ``prereg_notes``: study id -> None when pre-registered, else why not."""
     from tasks.beauty.pooled import pool_tools
-    from tasks.report.study import bars_svg
+    from tasks.report.svg import beauty_index_bars
 
     pooled = []
     for p in pool_tools(index_rows):
@@ -38,7 +38,7 @@ def pooled_page_context(index_rows: list[dict], prereg_notes: dict[str, str | No
         pooled.append({
             "tool": p.tool, "estimate": f"{_f(re.estimate)} [{_f(re.lo)}, {_f(re.hi)}]", "estimate_value": f"{re.estimate:.4f}",
             "tau2": _f(re.tau2, 2), "tau2_value": f"{re.tau2:.6f}", "tau": _f(math.sqrt(re.tau2)), "i2": f"{100 * re.i2:.0f}%",
-            "k": re.k, "forest": Markup(bars_svg(forest, uid=f"forest-svg-{len(pooled) + 1}")),
+            "k": re.k, "forest": Markup(beauty_index_bars(forest, uid=f"forest-svg-{len(pooled) + 1}")),
             "studies": [{"study_id": s["study_id"], "bi": f"{_f(s['beauty_index'])} [{_f(s['beauty_index_lo'])}, {_f(s['beauty_index_hi'])}]",
                          "answers": s["answers"], "weight": f"{100 * s['weight']:.0f}%",
                          "prereg": "yes" if prereg_notes.get(s["study_id"]) is None else "NOT pre-registered"} for s in p.studies],

@@ -15,7 +15,7 @@ from pathlib import Path
 import pyarrow as pa
 from markupsafe import Markup
 
-from tasks.report.svg import FONT, HeatCol, HeatRow, esc, heatmap
+from tasks.report.svg import HeatCol, HeatRow, beauty_index_bars, heatmap
 
 STUDIES_DIR = "studies"
 METRIC_COLUMNS = (("fid", "FID"), ("kid", "KID"), ("clip_score", "CLIP score"), ("inception_score", "Inception Score"),
@@ -36,39 +36,6 @@ def _f(x, digits: int = 1) -> str:
 
 def _ci(x, lo, hi, digits: int = 1) -> str:
     return f"{_f(x, digits)} [{_f(lo, digits)}, {_f(hi, digits)}]" if x is not None else "–"
-
-
-def bars_svg(rows: list[dict], uid: str = "bi-bars") -> str:
-    """Horizontal bars (0-100) with 95% interval whiskers, one per tool, best first."""
-    label_w = min(240.0, max([len(r["tool"]) for r in rows] + [6]) * 6.6 + 14)
-    bar_w, row_h = 420.0, 26
-    width, height = label_w + bar_w + 90, row_h * len(rows) + 40
-    x0 = label_w
-    out = [f'<svg xmlns="http://www.w3.org/2000/svg" class="chart bars" id="{esc(uid)}" viewBox="0 0 {width:.0f} {height:.0f}" '
-           f'width="{width:.0f}" height="{height:.0f}" role="img" aria-label="Beauty Index per tool" {FONT} font-size="12">',
-           "<title>Beauty Index per tool (95% intervals)</title>",
-           f'<rect x="0" y="0" width="{width:.0f}" height="{height:.0f}" fill="#ffffff"/>']
-    for t in (0, 25, 50, 75, 100):
-        x = x0 + bar_w * t / 100
-        out.append(f'<line x1="{x:.1f}" y1="4" x2="{x:.1f}" y2="{height - 26:.1f}" stroke="#e3e3e3"/>')
-        out.append(f'<text x="{x:.1f}" y="{height - 10:.1f}" text-anchor="middle" fill="#555" font-size="11">{t}</text>')
-    for i, r in enumerate(rows):
-        y = 6 + row_h * i
-        bi, lo, hi = r["beauty_index"], r["beauty_index_lo"], r["beauty_index_hi"]
-        tip = f"{r['tool']}: {_ci(bi, lo, hi)} ({r['answers']} answers)"
-        out.append(f'<g class="bar" data-tool="{esc(r["tool"])}" data-value="{"" if bi is None else f"{bi:.4f}"}"><title>{esc(tip)}</title>')
-        out.append(f'<text x="{x0 - 8:.1f}" y="{y + 15:.1f}" text-anchor="end" fill="#222">{esc(r["tool"])}</text>')
-        if bi is not None:
-            out.append(f'<rect x="{x0:.1f}" y="{y + 4:.1f}" width="{bar_w * bi / 100:.1f}" height="14" fill="#3b528b"/>')
-            if lo is not None and hi is not None:
-                xl, xh, ym = x0 + bar_w * lo / 100, x0 + bar_w * hi / 100, y + 11
-                out.append(f'<line x1="{xl:.1f}" y1="{ym:.1f}" x2="{xh:.1f}" y2="{ym:.1f}" stroke="#111" stroke-width="1.5"/>')
-                for xe in (xl, xh):
-                    out.append(f'<line x1="{xe:.1f}" y1="{ym - 5:.1f}" x2="{xe:.1f}" y2="{ym + 5:.1f}" stroke="#111" stroke-width="1.5"/>')
-            out.append(f'<text x="{x0 + bar_w + 8:.1f}" y="{y + 15:.1f}" fill="#222">{_f(bi)}</text>')
-        out.append("</g>")
-    out.append("</svg>")
-    return "\n".join(out)
 
 
 def study_page_context(study_id: str, tables: dict[str, pa.Table], title: str, question: str, prompts: dict[str, str],
@@ -118,7 +85,7 @@ def study_page_context(study_id: str, tables: dict[str, pa.Table], title: str, q
         "study_id": study_id, "study_title": title or study_id, "question": question, "notes": notes,
         "n_answers": answers.num_rows, "n_judges": len(set(answers.column("judge_id").to_pylist())),
         "source": ", ".join(sources), "prereg": prereg_text, "rows": rows, "metric_cols": metric_cols,
-        "metric_note": metric_note, "bars": Markup(bars_svg(ranked)), "heatmap": Markup(hm),
+        "metric_note": metric_note, "bars": Markup(beauty_index_bars(ranked)), "heatmap": Markup(hm),
         "groups_heatmap": Markup(ghm), "groups": groups, "group_rows": group_rows, "hypotheses": hyp_rows,
     }
 

@@ -1,4 +1,5 @@
-"""Hand-written SVG charts (no plotting dependency): the Capability-vs-EPS scatter and heatmaps.
+"""Hand-written SVG charts (no plotting dependency): the Capability-vs-EPS scatter, heatmaps and bars
+with 95% intervals (the Beauty Index pages and the VAB pages draw theirs with one helper).
 
 Every string from data goes through ``esc``; the charts are inlined in the pages, so each cell
 and point carries a ``<title>`` (the browser's tooltip) and points/labels link to model pages.
@@ -10,7 +11,7 @@ import math
 from dataclasses import dataclass
 from html import escape
 
-__all__ = ["HeatCol", "HeatRow", "ScatterPoint", "color_for", "heatmap", "scatter"]
+__all__ = ["HeatCol", "HeatRow", "IntervalBar", "ScatterPoint", "beauty_index_bars", "color_for", "heatmap", "interval_bars", "scatter"]
 
 CHAR_W = 6.6  # average width of one character at 12px (label layout estimate)
 FONT = "font-family=\"system-ui, -apple-system, 'Segoe UI', Roboto, sans-serif\""
@@ -360,3 +361,93 @@ def heatmap(
     out.append(f'<text x="{lx + lw + 34:.1f}" y="{ly + 9:.1f}" fill="#555" font-size="11">no score</text>')
     out.append("</svg>")
     return "\n".join(out)
+
+
+# ---------------------------------------------------------------------------------------------
+# bars with 95% intervals (the study page, the pooled forest, the VAB pages)
+
+
+@dataclass(frozen=True)
+class IntervalBar:
+    """One row of :func:`interval_bars`: ``value`` on 0-100 (None: label only) and its interval."""
+
+    label: str
+    value: float | None
+    lo: float | None = None
+    hi: float | None = None
+    tip: str = ""  # the row's <title> (the browser's tooltip)
+    text: str = ""  # the value written beside the bar
+    kind: str = ""  # a class of the row beside "bar" (ours, published, baseline)
+    fill: str = "#3b528b"
+
+
+def interval_bars(bars: list[IntervalBar], uid: str, title: str, *, bar_w: float, label_w: float | None = None,
+                  aria: str | None = None, data: str = "label") -> str:
+    """Horizontal bars (0-100) with 95% interval whiskers, one row per bar, in one of two layouts.
+    ``label_w`` given: the labels right-aligned in a column that wide left of the bars, the values
+    in a column right of them, a fixed size (the study page, the pooled forest). None: each label
+    above its bar and the value right of the bar *and* of its whisker, never across it, in a
+    viewBox at width 100% (class ``scales``: the chart shrinks with the page instead of being
+    clipped; the VAB pages). ``data``: the row attribute that carries the label (``data-<data>``)."""
+    above = label_w is None
+    row_h = 44 if above else 26
+    x0 = 8.0 if above else label_w
+    width, height = x0 + bar_w + (64.0 if above else 90), row_h * len(bars) + (30 if above else 40)
+    size = 'width="100%" preserveAspectRatio="xMinYMin meet"' if above else f'width="{width:.0f}" height="{height:.0f}"'
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" class="chart bars{" scales" if above else ""}" id="{esc(uid)}" '
+           f'viewBox="0 0 {width:.0f} {height:.0f}" {size} role="img" aria-label="{esc(aria or title)}" {FONT} '
+           f'font-size="{14 if above else 12}">',
+           f"<title>{esc(title)}</title>",
+           f'<rect x="0" y="0" width="{width:.0f}" height="{height:.0f}" fill="#ffffff"/>']
+    for t in (0, 25, 50, 75, 100):
+        x = x0 + bar_w * t / 100
+        out.append(f'<line x1="{x:.1f}" y1="4" x2="{x:.1f}" y2="{height - (22 if above else 26):.1f}" stroke="#e3e3e3"/>')
+        out.append(f'<text x="{x:.1f}" y="{height - (8 if above else 10):.1f}" text-anchor="{"start" if above and t == 0 else "middle"}" '
+                   f'fill="#555" font-size="{12 if above else 11}">{t}</text>')
+    for i, b in enumerate(bars):
+        y, v = (4 if above else 6) + row_h * i, b.value
+        ym = y + (28 if above else 11)  # the bar's middle
+        out.append(f'<g class="bar{" " + b.kind if b.kind else ""}" data-{data}="{esc(b.label)}" '
+                   f'data-value="{"" if v is None else f"{v:.4f}"}"><title>{esc(b.tip)}</title>')
+        if above:
+            out.append(f'<text class="label" x="{x0:.1f}" y="{y + 14:.1f}" fill="#222">{esc(b.label)}</text>')
+        else:
+            out.append(f'<text x="{x0 - 8:.1f}" y="{y + 15:.1f}" text-anchor="end" fill="#222">{esc(b.label)}</text>')
+        if v is not None:
+            out.append(f'<rect x="{x0:.1f}" y="{ym - 7:.1f}" width="{bar_w * v / 100:.1f}" height="14" fill="{b.fill}"/>')
+            end = v
+            if b.lo is not None and b.hi is not None:
+                xl, xh = x0 + bar_w * b.lo / 100, x0 + bar_w * b.hi / 100
+                if above:
+                    out.append(f'<g class="whisker" stroke="#111" stroke-width="1.5"><line x1="{xl:.1f}" y1="{ym:.1f}" x2="{xh:.1f}" '
+                               f'y2="{ym:.1f}"/><line x1="{xl:.1f}" y1="{ym - 5:.1f}" x2="{xl:.1f}" y2="{ym + 5:.1f}"/>'
+                               f'<line x1="{xh:.1f}" y1="{ym - 5:.1f}" x2="{xh:.1f}" y2="{ym + 5:.1f}"/></g>')
+                    end = max(v, b.hi)
+                else:
+                    out.append(f'<line x1="{xl:.1f}" y1="{ym:.1f}" x2="{xh:.1f}" y2="{ym:.1f}" stroke="#111" stroke-width="1.5"/>')
+                    for xe in (xl, xh):
+                        out.append(f'<line x1="{xe:.1f}" y1="{ym - 5:.1f}" x2="{xe:.1f}" y2="{ym + 5:.1f}" stroke="#111" stroke-width="1.5"/>')
+            if above:
+                out.append(f'<text class="value" x="{x0 + bar_w * end / 100 + 5:.1f}" y="{ym + 5:.1f}" fill="#222">{b.text}</text>')
+            else:
+                out.append(f'<text x="{x0 + bar_w + 8:.1f}" y="{ym + 4:.1f}" fill="#222">{b.text}</text>')
+        out.append("</g>")
+    out.append("</svg>")
+    return "\n".join(out)
+
+
+def _fnan(x, digits: int = 1) -> str:
+    return "–" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{digits}f}"
+
+
+def beauty_index_bars(rows: list[dict], uid: str = "bi-bars") -> str:
+    """The Beauty Index per tool (study_index rows: tool, beauty_index and its interval, answers),
+    best first, as :func:`interval_bars` (the study page; each tool of the pooled page's forest)."""
+    label_w = min(240.0, max([len(r["tool"]) for r in rows] + [6]) * 6.6 + 14)
+    bars = []
+    for r in rows:
+        bi, lo, hi = r["beauty_index"], r["beauty_index_lo"], r["beauty_index_hi"]
+        ci = f"{_fnan(bi)} [{_fnan(lo)}, {_fnan(hi)}]" if bi is not None else "–"
+        bars.append(IntervalBar(r["tool"], bi, lo, hi, tip=f"{r['tool']}: {ci} ({r['answers']} answers)", text=_fnan(bi)))
+    return interval_bars(bars, uid, "Beauty Index per tool (95% intervals)", bar_w=420.0, label_w=label_w,
+                         aria="Beauty Index per tool", data="tool")

@@ -17,7 +17,7 @@ from pathlib import Path
 from markupsafe import Markup
 
 from schemas.vab import PUBLISHED_BEST_MODEL_STRICT, PUBLISHED_EXPERT_STRICT
-from tasks.report.svg import FONT, esc
+from tasks.report.svg import IntervalBar, interval_bars
 
 VAB_DIR = "vab"
 OURS, PUBLISHED, BASELINE = "#3b528b", "#b5651d", "#9a9a9a"
@@ -39,45 +39,13 @@ def anchor(judge: str) -> str:
     return "audit-" + re.sub(r"[^A-Za-z0-9_-]", "-", judge)
 
 
-BAR_W, BAR_X0, BAR_RIGHT, ROW_H = 400.0, 8.0, 64.0, 44
-
-
 def bars_svg(bars: list[dict], uid: str, title: str) -> str:
     """Horizontal bars (0-100), each row's label above its bar: ours (with 95% whiskers), the
-    published figures and the random baseline in their own colours. The value label sits right of
-    the bar *and* of its whisker, never across it. Drawn in a viewBox at width 100% (class
-    ``scales``): the chart shrinks with the page instead of being clipped."""
-    width, height = BAR_X0 + BAR_W + BAR_RIGHT, ROW_H * len(bars) + 30
-    x0 = BAR_X0
-    out = [f'<svg xmlns="http://www.w3.org/2000/svg" class="chart bars scales" id="{esc(uid)}" viewBox="0 0 {width:.0f} {height:.0f}" '
-           f'width="100%" preserveAspectRatio="xMinYMin meet" role="img" aria-label="{esc(title)}" {FONT} font-size="14">',
-           f"<title>{esc(title)}</title>",
-           f'<rect x="0" y="0" width="{width:.0f}" height="{height:.0f}" fill="#ffffff"/>']
-    for t in (0, 25, 50, 75, 100):
-        x = x0 + BAR_W * t / 100
-        out.append(f'<line x1="{x:.1f}" y1="4" x2="{x:.1f}" y2="{height - 22:.1f}" stroke="#e3e3e3"/>')
-        out.append(f'<text x="{x:.1f}" y="{height - 8:.1f}" text-anchor="{"start" if t == 0 else "middle"}" fill="#555" '
-                   f'font-size="12">{t}</text>')
-    for i, b in enumerate(bars):
-        y, v = 4 + ROW_H * i, b["value"]
-        colour = {"ours": OURS, "published": PUBLISHED, "baseline": BASELINE}[b["source"]]
-        out.append(f'<g class="bar {b["source"]}" data-label="{esc(b["label"])}" data-value="{"" if v is None else f"{v:.4f}"}">'
-                   f'<title>{esc(b["label"])}: {_f(v)}%</title>')
-        out.append(f'<text class="label" x="{x0:.1f}" y="{y + 14:.1f}" fill="#222">{esc(b["label"])}</text>')
-        if v is not None:
-            ym, end = y + 28, v
-            out.append(f'<rect x="{x0:.1f}" y="{ym - 7:.1f}" width="{BAR_W * v / 100:.1f}" height="14" fill="{colour}"/>')
-            lo, hi = b.get("lo"), b.get("hi")
-            if lo is not None and hi is not None:
-                xl, xh = x0 + BAR_W * lo / 100, x0 + BAR_W * hi / 100
-                out.append(f'<g class="whisker" stroke="#111" stroke-width="1.5"><line x1="{xl:.1f}" y1="{ym:.1f}" x2="{xh:.1f}" '
-                           f'y2="{ym:.1f}"/><line x1="{xl:.1f}" y1="{ym - 5:.1f}" x2="{xl:.1f}" y2="{ym + 5:.1f}"/>'
-                           f'<line x1="{xh:.1f}" y1="{ym - 5:.1f}" x2="{xh:.1f}" y2="{ym + 5:.1f}"/></g>')
-                end = max(v, hi)
-            out.append(f'<text class="value" x="{x0 + BAR_W * end / 100 + 5:.1f}" y="{ym + 5:.1f}" fill="#222">{_f(v)}</text>')
-        out.append("</g>")
-    out.append("</svg>")
-    return "\n".join(out)
+    published figures and the random baseline in their own colours (tasks.report.svg.interval_bars)."""
+    colours = {"ours": OURS, "published": PUBLISHED, "baseline": BASELINE}
+    return interval_bars([IntervalBar(b["label"], b["value"], b.get("lo"), b.get("hi"), tip=f"{b['label']}: {_f(b['value'])}%",
+                                      text=_f(b["value"]), kind=b["source"], fill=colours[b["source"]]) for b in bars],
+                         uid, title, bar_w=400.0)
 
 
 def _pct100(x: float | None) -> float | None:

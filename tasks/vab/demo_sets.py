@@ -8,6 +8,11 @@ the flow's end-to-end check. The stored order is shuffled per task (seeded by th
 
 :func:`write_demo_sets` writes PNGs and a ``manifest.jsonl`` in the format of
 ``imagebench vab import-sets`` (paths relative to the manifest; best/worst 1-based in stored order).
+
+`make demo` imports them as collection ``demo-graded``. Its second collection, ``demo-suite``, is
+built *from the lake* (:func:`write_suite_labels`): for the first prompt of every suite category,
+the images of three demo models at graded blur (demo-baseline-a pristine = best, demo-baseline-c
+blur r=1, demo-blur-r3 = worst; stored order shuffled per prompt). The run: flows/demo_vab.py.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import json
 import random
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from PIL import Image, ImageFilter
@@ -105,3 +111,30 @@ def write_demo_sets(out_dir: str | Path, specs: tuple[tuple[str, str, int], ...]
     manifest = out / "manifest.jsonl"
     manifest.write_text("\n".join(lines) + "\n")
     return manifest
+
+
+# ---- make demo's collections (the run: flows/demo_vab.py) -------------------------------------------
+DEMO_SETS = "demo-graded"
+DEMO_JUDGES = ["sharpness", "hpsv3"]
+SUITE_SETS = "demo-suite"
+SUITE_MODELS = ("demo-baseline-a", "demo-baseline-c", "demo-blur-r3")  # best ... worst, by construction
+
+
+def write_suite_labels(settings: Any, path: Path) -> Path:
+    """Labels CSV for `vab build-sets` (tasks.vab.sets.read_lake_labels): one prompt per category."""
+    import csv
+
+    from tasks.runs.pinned import load_pinned_suite
+
+    first: dict[str, str] = {}
+    for p in load_pinned_suite(settings).prompts:
+        first.setdefault(p.category, p.prompt_id)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(["prompt_id", "domain", "models", "best", "worst"])
+        for pid in first.values():
+            models = list(SUITE_MODELS)
+            random.Random(int(hashlib.sha256(pid.encode()).hexdigest()[:8], 16)).shuffle(models)
+            w.writerow([pid, "photography", " ".join(models), SUITE_MODELS[0], SUITE_MODELS[-1]])
+    return path

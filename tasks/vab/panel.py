@@ -7,9 +7,9 @@ in its own task order and each item in its own candidate order: ``random.Random(
 reproducible and different. Ranking first: the direct choice is not anchored by the expert's own
 earlier numbers (the scores-vs-ranking study compares the two).
 
-Same machinery as the Beauty Index app (tasks/panel/app.py: pages, CSP, redacted log, cookies
-from one-time links, blinded images under opaque ids); reference labels and task ids never reach
-a page. A VAB study lives in ``$IMAGEBENCH_HOME/vab_studies/<id>/`` (images/, panel.sqlite).
+Built on the panel shell like the Beauty Index app (tasks/panel/app.py: pages, CSP, redacted log,
+cookies from one-time links, blinded images under opaque ids, the answer's form); reference labels
+and task ids never reach a page. A VAB study lives in ``$IMAGEBENCH_HOME/vab_studies/<id>/`` (images/, panel.sqlite).
 """
 
 from __future__ import annotations
@@ -19,21 +19,18 @@ import html
 import random
 import re
 import secrets
-import time
 from collections.abc import Callable, Sequence
-from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from urllib.parse import parse_qs
 
-from fastapi import FastAPI, Request
+from fastapi import Request
 from fastapi.responses import RedirectResponse, Response
 from starlette.concurrency import run_in_threadpool
 
 from schemas.vab import RUBRIC_AVOID, RUBRICS, SET_NAME_RE, VabTask
-from tasks.panel.app import COOKIE, CSP, CSS, MAX_FORM_BYTES, _ID_RE, _message, _page, log, redact_path
-from tasks.panel.blind import BLIND_EXTENSION, BLIND_MEDIA_TYPE, blind_image, opaque_id
+from tasks.panel.app import COOKIE, CSS, PanelShell, _message, _page, refusal
+from tasks.panel.blind import BLIND_EXTENSION, blind_image, opaque_id
 from tasks.panel.store import PanelError, sha256_hex
 from tasks.vab.store import PROTOCOLS, VabPanelStore
 
@@ -207,39 +204,12 @@ def create_vab_app(settings, study_id: str):
         store.dispose()
         raise PanelError(f"VAB study {study_id} is not open (imagebench vab panel open {study_id} ...)")
 
-    @asynccontextmanager
-    async def lifespan(_app):
-        yield
-        store.dispose()
-
-    app = FastAPI(docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan)
-    app.state.store = store
-
-    @app.exception_handler(PanelError)
-    async def _refused(_request: Request, exc: PanelError):
-        # A store refusal outside a handler's own try (a busy database at the session lookup): its status, not a 500.
-        return _message("Not recorded", str(exc), exc.status)
-
-    @app.middleware("http")
-    async def _headers_and_log(request: Request, call_next):
-        t0 = time.monotonic()
-        response = await call_next(request)
-        for k, v in (("Cache-Control", "no-store"), ("Referrer-Policy", "no-referrer"), ("X-Content-Type-Options", "nosniff"),
-                     ("X-Frame-Options", "DENY"), ("Content-Security-Policy", CSP)):
-            response.headers[k] = v
-        log.info("%s %s %s %.0fms", request.method, redact_path(request.url.path), response.status_code,
-                 (time.monotonic() - t0) * 1000)
-        return response
-
-    async def _session(request: Request, role: str) -> str | None:
-        got = await run_in_threadpool(store.session, request.cookies.get(COOKIE))
-        return None if got is None or got[0] != role else (got[1] or "")
-
-    def _cookie(resp, secret: str):
-        # Lax, not Strict: experts open their link from webmail, and Strict drops the cookie on the
-        # redirect of a navigation that started on another site (docs/BEAUTY.md, "Sessions").
-        resp.set_cookie(COOKIE, secret, httponly=True, samesite="lax", path="/")
-        return resp
+    # One cookie for both roles, lasting the browser session. Lax, not Strict (the shell): experts
+    # open their link from webmail, and Strict drops the cookie on the redirect of a navigation
+    # that started on another site (docs/BEAUTY.md, "Sessions").
+    shell = PanelShell(store, cookies={"expert": COOKIE, "admin": COOKIE},
+                       on_refusal=lambda exc: _message("Not recorded", str(exc), exc.status))
+    app = shell.app
 
     @app.get("/static/panel.css")
     async def css():
@@ -254,12 +224,11 @@ def create_vab_app(settings, study_id: str):
         label = await run_in_threadpool(store.expert_for_token, token) if len(token) <= 128 else None
         if label is None:
             return _message("Link not valid", "This link is not valid. Ask the study's organiser for yours.", 404)
-        secret = await run_in_threadpool(store.new_session, "expert", label)
-        return _cookie(RedirectResponse("/expert", status_code=303), secret)
+        return await shell.sign_in("expert", label, "/expert")
 
     @app.get("/expert")
     async def expert_page(request: Request):
-        label = await _session(request, "expert")
+        label = await shell.label(request, "expert")
         if label is None:
             return _message("Open your link", "Open the link you were sent to start or resume.", 401)
         try:
@@ -299,21 +268,14 @@ def create_vab_app(settings, study_id: str):
 
     @app.get("/img/{image_id}")
     async def image(image_id: str, request: Request):
-        label = await _session(request, "expert")
-        if label is None or not _ID_RE.fullmatch(image_id) or not await run_in_threadpool(store.image_in_queue, label, image_id):
-            return Response("not found", status_code=404, media_type="text/plain")
-        data = await run_in_threadpool((d / "images" / f"{image_id}.{BLIND_EXTENSION}").read_bytes)
-        return Response(data, media_type=BLIND_MEDIA_TYPE)
+        return await shell.image(request, "expert", image_id, d / "images", store.image_in_queue)
 
     @app.post("/answer")
     async def answer(request: Request):
-        label = await _session(request, "expert")
-        if label is None:
-            return _message("Open your link", "Your session has ended: open the link you were sent.", 401)
-        body = await request.body()
-        if len(body) > MAX_FORM_BYTES:
-            return _message("Not recorded", "request too large", 413)
-        form = {k: v[0] for k, v in parse_qs(body.decode("utf-8", "replace")).items()}
+        got = await shell.answer_form(request, "expert")
+        if isinstance(got, Response):
+            return got
+        label, form = got
         try:
             position = int(form.get("position", ""))
             protocol = form.get("protocol")
@@ -337,19 +299,18 @@ def create_vab_app(settings, study_id: str):
         except ValueError:
             return _message("Not recorded", "position must be a number", 400)
         except PanelError as exc:
-            return _message("Not recorded" if exc.status != 409 else "Nothing to do", str(exc), exc.status)
+            return refusal(exc)
         return RedirectResponse("/expert", status_code=303)
 
     @app.get("/admin/{token}")
     async def admin_link(token: str):
         if len(token) > 128 or not await run_in_threadpool(store.is_admin_token, token):
             return _message("Link not valid", "This link is not valid.", 404)
-        secret = await run_in_threadpool(store.new_session, "admin", None)
-        return _cookie(RedirectResponse("/admin", status_code=303), secret)
+        return await shell.sign_in("admin", None, "/admin")
 
     @app.get("/admin")
     async def admin_page(request: Request):
-        if await _session(request, "admin") is None:
+        if await shell.label(request, "admin") is None:
             return _message("Open your admin link", "Open the admin link shown at study open.", 401)
         row, prog = await run_in_threadpool(lambda: (store.study_row(), store.progress()))
         esc = html.escape

@@ -19,7 +19,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from schemas.vab import RELEASE_DOMAINS
-from tasks.vab.sets import RawTask
+from tasks.vab.rawtask import RawTask
 
 RELEASE_COLUMNS = ("task_id", "domain", "substyle", "n_images", "images", "labels", "ground_truth_best", "ground_truth_worst")
 RELEASE_GLOB = "data/test-*.parquet"

@@ -21,8 +21,8 @@ from __future__ import annotations
 import hashlib
 import json
 from collections import Counter
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -33,6 +33,7 @@ from pydantic import ValidationError
 from schemas.vab import DOMAINS, MAX_IMAGES, MIN_IMAGES, TRIAL_SCHEME_LEGACY, TRIAL_SCHEME_OFFICIAL, TRIAL_SCHEMES, VabTask
 from tasks.store.ingest import DEFAULT_LIMITS, ImageLimits, Rejected, cache_image, cache_relpath, inspect_image
 from tasks.durable import atomic_write
+from tasks.vab.rawtask import RawTask
 from tasks.vab.tables import check_set_name, read_csv_with_header, write_partition
 
 PIN_DIR = "vab/sets"
@@ -48,23 +49,6 @@ class BadSets(ValueError):
         self.problems = problems
         lines = "; ".join(f"task {k}: {v}" for k, v in problems.items())
         super().__init__(f"{source}: {len(problems)} bad task(s), nothing imported: {lines}")
-
-
-@dataclass
-class RawTask:
-    """One task as read from a source, before validation. ``images`` are (name, loader) pairs:
-    the loader returns the image bytes (read late, one image at a time)."""
-
-    where: str  # how to name it before its task id is known ("line 3")
-    task_id: Any
-    domain: Any
-    substyle: Any
-    images: list[tuple[str, Callable[[], bytes]]]
-    best: Any
-    worst: Any
-    expert_labels: Any = None
-    extra: dict = field(default_factory=dict)
-    labels: Any = None  # the release's letters (stored order)
 
 
 def _name(raw: RawTask) -> str:

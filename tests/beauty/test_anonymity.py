@@ -90,7 +90,7 @@ def _private_rows(settings, study_id: str) -> list[dict]:
 
 def _true_ids(study_dir: Path) -> dict[str, str]:
     from schemas.study import salted_judge_id
-    from tasks.beauty.imports import study_salt
+    from tasks.beauty.sources import study_salt
 
     return {salted_judge_id(study_salt(study_dir), label): label for label, _ in JUDGES}
 

@@ -295,8 +295,8 @@ def test_simulated_answers_are_labelled_and_kept_apart():
 
 
 def test_bars_svg_escapes_tool_names():
-    from tasks.report.study import bars_svg
+    from tasks.report.svg import beauty_index_bars
 
-    svg = bars_svg([{"tool": "<script>x</script>", "beauty_index": 40.0, "beauty_index_lo": 30.0,
-                     "beauty_index_hi": 50.0, "answers": 3}])
+    svg = beauty_index_bars([{"tool": "<script>x</script>", "beauty_index": 40.0, "beauty_index_lo": 30.0,
+                             "beauty_index_hi": 50.0, "answers": 3}])
     assert "<script>" not in svg and "&lt;script&gt;" in svg and 'data-value="40.0000"' in svg

@@ -143,7 +143,8 @@ class Served:
 def serve(settings, study_id: str, host: str = "127.0.0.1", public_url: str | None = None) -> Iterator[Served]:
     """The real app on uvicorn, loopback (``host``: any 127.x address), a port the OS picks (a
     bound socket: no race). ``public_url``: the panel's public address (https: Secure cookies)."""
-    from tasks.panel.app import create_app, make_server
+    from tasks.beauty.panel import create_app
+    from tasks.panel.app import make_server
 
     cap = _Capture()
     loggers = [logging.getLogger(n) for n in ("imagebench.panel", "uvicorn", "uvicorn.error", "uvicorn.access")]

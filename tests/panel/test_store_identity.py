@@ -47,7 +47,7 @@ def test_a_missing_setting_cannot_open_a_second_panel_of_a_postgres_study(home, 
     mistyped) IMAGEBENCH_PANEL_DATABASE. Each refuses, naming both databases; no panel.sqlite
     appears, the mistyped database stays empty, no link is issued, no file of the study changes."""
     from tasks.beauty.sources import collect_answers, load_study_context
-    from tasks.panel.app import create_app
+    from tasks.beauty.panel import create_app
 
     db = pg_server.new_database()
     url = pg_server.url(db, password=PASSWORD)

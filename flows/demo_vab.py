@@ -1,51 +1,21 @@
-"""`make demo`'s small VAB run: the demo sets (tasks.vab.demo_sets: graded degradations with a
-known best and worst) imported as collection ``demo-graded``, judged by the sharpness scorer and
-imagebench's HPSv3 (the demo's weights: UNCALIBRATED unless real ones are configured) through the
-`vab-run` flow, then HPSv3 audited against the sets' labels. Then the audit on sets *built from
-the lake*: for the first prompt of every suite category, the images of three demo models at graded
-blur (demo-baseline-a pristine = best, demo-baseline-c blur r=1, demo-blur-r3 = worst; stored
-order shuffled per prompt) become collection ``demo-suite``, and HPSv3 is audited per category.
-Running the demo again re-imports nothing (same pinned content) and asks nothing (answers cached
-by judge identity)."""
+"""`make demo`'s small VAB run, the flow-running part: the demo sets (tasks.vab.demo_sets: graded
+degradations with a known best and worst) imported as collection ``demo-graded``, judged by the
+sharpness scorer and imagebench's HPSv3 (the demo's weights: UNCALIBRATED unless real ones are
+configured) through the `vab-run` flow, then HPSv3 audited against the sets' labels. Then the
+audit on sets *built from the lake* (``demo-suite``, tasks.vab.demo_sets.write_suite_labels), HPSv3
+audited per category. Running the demo again re-imports nothing (same pinned content) and asks
+nothing (answers cached by judge identity)."""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
-
-DEMO_SETS = "demo-graded"
-DEMO_JUDGES = ["sharpness", "hpsv3"]
-SUITE_SETS = "demo-suite"
-SUITE_MODELS = ("demo-baseline-a", "demo-baseline-c", "demo-blur-r3")  # best ... worst, by construction
-
-
-def write_suite_labels(settings: Any, path: Path) -> Path:
-    """Labels CSV for `vab build-sets` (tasks.vab.sets.read_lake_labels): one prompt per category."""
-    import csv
-    import hashlib
-    import random
-
-    from tasks.runs.pinned import load_pinned_suite
-
-    first: dict[str, str] = {}
-    for p in load_pinned_suite(settings).prompts:
-        first.setdefault(p.category, p.prompt_id)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w", newline="") as fh:
-        w = csv.writer(fh)
-        w.writerow(["prompt_id", "domain", "models", "best", "worst"])
-        for pid in first.values():
-            models = list(SUITE_MODELS)
-            random.Random(int(hashlib.sha256(pid.encode()).hexdigest()[:8], 16)).shuffle(models)
-            w.writerow([pid, "photography", " ".join(models), SUITE_MODELS[0], SUITE_MODELS[-1]])
-    return path
 
 
 def run_demo_vab(settings: Any, console: Any) -> dict:
     from flows.vab import vab_run_flow
     from tasks.lake.tables import Lake
     from tasks.vab.audit import audit, own_judges, write_audit
-    from tasks.vab.demo_sets import write_demo_sets
+    from tasks.vab.demo_sets import DEMO_JUDGES, DEMO_SETS, SUITE_SETS, write_demo_sets, write_suite_labels
     from tasks.vab.sets import build_from_lake, import_manifest, load_sets
     from tasks.vab.tables import read_partition
 

@@ -1,0 +1,241 @@
+"""The Beauty Index judging web app: the protocol's pages and routes on the panel shell
+(tasks/panel/app.py: links, sessions, cookies, blinded images, the page frame, the request log).
+
+Cookies: one per role (a judge link does not log the admin out), ``Secure`` when the panel's
+public URL is https, expiring after ``panel_session_days``; the same link opened again resumes
+where the judge stopped (the store knows the next unanswered position) and replaces the older
+session. One image at a time, Yes/No buttons and the Y/N keys, a progress bar, no way back.
+Answers: POSTed with the position and image id they answer; recorded (durably) before the
+redirect to the next image; a double click or a retried POST records one answer. Memo: recorded in
+the browser (MediaRecorder, stopped at 10 s), uploaded only when the judge ticks consent, size- and
+type-checked, stored in the object store under ``studies/<id>/memos/<opaque id>.<ext>`` and linked
+to the answer.
+"""
+
+from __future__ import annotations
+
+import html
+from pathlib import Path
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, RedirectResponse, Response
+from starlette.concurrency import run_in_threadpool
+
+from schemas.study import MEMO_MAX_SECONDS
+from tasks.panel.app import COOKIES, CSS, MAX_POSITION, PanelShell, _message, _page, parse_position, refusal
+from tasks.panel.blind import opaque_id
+from tasks.panel.memo_audio import MEMO_CONTAINERS, MemoRejected, check_memo
+from tasks.panel.store import PanelError, PanelStore
+
+MEMO_MAX_BYTES = 1_000_000  # 10 s of Opus is ~20-40 kB; anything near 1 MB is not a short memo
+MEMO_TYPES = MEMO_CONTAINERS  # accepted memo types (tasks/panel/memo_audio.py decodes each upload)
+
+
+def _pct(pair: dict) -> str:
+    return f"{100.0 * pair['yes'] / pair['answers']:.0f}%" if pair["answers"] else ""
+
+
+JS = """(function(){
+var form=document.getElementById('answer-form'); if(!form) return;
+var sent=false, pending=false;
+// One answer per page: a second click, key or submit is dropped (the server would record one anyway).
+form.addEventListener('submit',function(e){ if(sent||pending){ e.preventDefault(); return; } sent=true; });
+document.addEventListener('keydown',function(e){ if(e.ctrlKey||e.metaKey||e.altKey||e.repeat) return;
+  var k=e.key.toLowerCase(); if(k!=='y'&&k!=='n') return; e.preventDefault();
+  form.requestSubmit(document.getElementById(k==='y'?'yes':'no')); });
+var rec=document.getElementById('rec'); if(!rec) return;
+var state=document.getElementById('memo-state'), consent=document.getElementById('consent'), mr=null, timer=null;
+var maxMs=parseInt(rec.dataset.maxSeconds,10)*1000, pos=form.querySelector('[name=position]').value;
+rec.addEventListener('click',function(){
+  if(mr&&mr.state==='recording'){ mr.stop(); return; }
+  if(!consent.checked){ state.textContent='Tick the box to agree that your memo is kept, then record.'; return; }
+  navigator.mediaDevices.getUserMedia({audio:true}).then(function(stream){
+    var chunks=[]; mr=new MediaRecorder(stream);
+    mr.ondataavailable=function(ev){ if(ev.data.size) chunks.push(ev.data); };
+    mr.onstop=function(){ clearTimeout(timer); stream.getTracks().forEach(function(t){t.stop();});
+      var type=(mr.mimeType||'audio/webm').split(';')[0]; var blob=new Blob(chunks,{type:type});
+      pending=true; state.textContent='Saving memo...'; rec.textContent='Record memo';
+      fetch('/memo?position='+encodeURIComponent(pos)+'&consent=1',{method:'POST',body:blob,headers:{'Content-Type':type},credentials:'same-origin'})
+        .then(function(r){ return r.json().then(function(j){ if(!r.ok) throw new Error(j.error||r.status); return j; }); })
+        .then(function(j){ document.getElementById('memo_id').value=j.memo_id; state.textContent='Memo saved.'; rec.disabled=true; })
+        .catch(function(err){ state.textContent='Memo not saved: '+err.message; })
+        .finally(function(){ pending=false; }); };
+    mr.start(); rec.textContent='Stop'; state.textContent='Recording (up to '+(maxMs/1000)+' s)...';
+    // Stop a little before the limit: a late timer or the encoder's last frame must not push a
+    // full-length memo past the server's decoded-duration check (tasks/panel/memo_audio.py).
+    timer=setTimeout(function(){ if(mr.state==='recording') mr.stop(); }, maxMs-300);
+  }).catch(function(err){ state.textContent='No microphone: '+err.message; });
+});
+})();"""
+
+
+def create_app(settings, study_id: str, public_url: str | None = None) -> FastAPI:
+    """The ASGI app of one open study. ``public_url`` (default: the ``panel_url`` setting, else the
+    URL given at ``study open``): the address judges reach; https makes the cookies ``Secure``."""
+    from tasks.beauty.study import load_study, memo_key, open_panel_store, panel_url_of
+    from tasks.runs.units_ingest import open_configured_store
+
+    definition, prereg, d = load_study(settings, study_id)
+    if prereg is None:
+        raise PanelError(f"study {study_id} is not open yet (imagebench study open {study_id})")
+    store: PanelStore = open_panel_store(settings, study_id)
+    if not store.exists():
+        raise PanelError(f"study {study_id} has no panel rows (imagebench study open {study_id})")
+    images_dir = Path(d) / "images"
+    public_url = public_url or panel_url_of(settings, study_id) or ""
+    secure = public_url.lower().startswith("https://")
+    session_s = float(getattr(settings, "panel_session_days", 28.0)) * 86400
+    shell = PanelShell(store, cookies=COOKIES, session_s=session_s, secure=secure, replace_sessions=True)
+    app = shell.app
+    objects = open_configured_store(settings)
+
+    @app.get("/static/panel.css")
+    async def css() -> Response:
+        return Response(CSS, media_type="text/css")
+
+    @app.get("/static/judge.js")
+    async def js() -> Response:
+        return Response(JS, media_type="text/javascript")
+
+    @app.get("/j/{token}")
+    async def judge_link(token: str) -> Response:
+        label = await run_in_threadpool(store.judge_for_token, token) if len(token) <= 128 else None
+        if label is None:
+            return _message("Link not valid", "This link is not valid. Ask the study's organiser for yours.", 404)
+        return await shell.sign_in("judge", label, "/judge")
+
+    @app.get("/judge")
+    async def judge_page(request: Request) -> Response:
+        label = await shell.label(request, "judge")
+        if label is None:
+            return _message("Open your link", "Open the link you were sent to start or resume.", 401)
+        try:
+            item = await run_in_threadpool(store.next_item, label)
+        except PanelError as exc:
+            return refusal(exc)
+        if item is None:
+            return _message("Thank you", "You have answered every image. You can close this page.", 200)
+        pct = 100.0 * item.position / item.total
+        memo = ""
+        if definition.memo:
+            memo = (f'<div id="memo"><label><input type="checkbox" id="consent"> I agree that a voice memo I record is kept '
+                    f'with my answer (optional, at most {MEMO_MAX_SECONDS} seconds: what was the feeling?)</label><br>'
+                    f'<button type="button" id="rec" data-max-seconds="{MEMO_MAX_SECONDS}">Record memo</button> '
+                    f'<span id="memo-state"></span></div>')
+        body = f"""<div class="bar" role="progressbar" aria-valuemin="0" aria-valuemax="{item.total}" aria-valuenow="{item.position}">
+<div style="width:{pct:.1f}%"></div></div><p id="progress">Image {item.position + 1} of {item.total}</p>
+<img id="stimulus" src="/img/{item.image_id}" alt="image {item.position + 1}">
+<p class="question">{html.escape(definition.question)}</p>
+<form method="post" action="/answer" id="answer-form">
+<input type="hidden" name="position" value="{item.position}"><input type="hidden" name="image_id" value="{item.image_id}">
+<input type="hidden" name="memo_id" id="memo_id" value="">
+<button type="submit" name="answer" value="yes" id="yes">Yes (Y)</button>
+<button type="submit" name="answer" value="no" id="no">No (N)</button></form>{memo}
+<script src="/static/judge.js"></script>"""
+        return _page("Did this make you feel something?", body)
+
+    @app.get("/img/{image_id}")
+    async def image(image_id: str, request: Request) -> Response:
+        # Only an image of the judge's queue while the study is open; the store notes when it was sent (QC).
+        return await shell.image(request, "judge", image_id, images_dir, store.serve_image)
+
+    @app.post("/answer")
+    async def answer(request: Request) -> Response:
+        got = await shell.answer_form(request, "judge")
+        if isinstance(got, Response):
+            return got
+        label, form = got
+        position = parse_position(form.get("position"))
+        if position is None:
+            return _message("Not recorded", f"position must be a whole number from 0 to {MAX_POSITION}", 400)
+        choice, image_id, memo_id = form.get("answer"), form.get("image_id", ""), form.get("memo_id") or None
+        if choice not in ("yes", "no"):
+            return _message("Not recorded", "answer must be yes or no", 400)
+        try:
+            await run_in_threadpool(store.record_answer, label, position, image_id, choice == "yes", memo_id)
+        except PanelError as exc:
+            return refusal(exc)
+        return RedirectResponse("/judge", status_code=303)
+
+    @app.post("/memo")
+    async def memo(request: Request, position: str = "", consent: str = "0") -> Response:
+        label = await shell.label(request, "judge")
+        if label is None:
+            return JSONResponse({"error": "no session"}, status_code=401)
+        if not definition.memo:
+            return JSONResponse({"error": "this study takes no memos"}, status_code=403)
+        pos = parse_position(position)
+        if pos is None:
+            return JSONResponse({"error": f"position must be a whole number from 0 to {MAX_POSITION}"}, status_code=400)
+        if consent != "1":
+            return JSONResponse({"error": "a memo is kept only with the judge's consent"}, status_code=400)
+        media_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
+        if media_type not in MEMO_TYPES:
+            return JSONResponse({"error": f"memo type {media_type or 'missing'} not accepted (audio only)"}, status_code=415)
+        declared = request.headers.get("content-length")
+        if declared is not None and (not declared.isdigit() or int(declared) > MEMO_MAX_BYTES):
+            return JSONResponse({"error": f"memo larger than {MEMO_MAX_BYTES} bytes"}, status_code=413)
+        data = bytearray()
+        async for chunk in request.stream():
+            data += chunk
+            if len(data) > MEMO_MAX_BYTES:
+                return JSONResponse({"error": f"memo larger than {MEMO_MAX_BYTES} bytes"}, status_code=413)
+        try:
+            audio = await run_in_threadpool(check_memo, bytes(data), media_type, MEMO_MAX_SECONDS)
+        except MemoRejected as exc:
+            return JSONResponse({"error": str(exc)}, status_code=exc.status)
+        ext = audio.extension
+        memo_id = opaque_id()
+        key = memo_key(study_id, memo_id, ext)
+
+        def _save() -> None:
+            row = store.study_row()
+            if row is None or row["state"] != "open":
+                from tasks.panel.store import StudyClosed
+
+                raise StudyClosed(f"study {study_id} is closed: it accepts no memos")
+            objects.write(key, bytes(data))
+            store.record_memo(label, pos, memo_id, key, media_type, len(data))
+
+        try:
+            await run_in_threadpool(_save)
+        except PanelError as exc:
+            return JSONResponse({"error": str(exc)}, status_code=exc.status)
+        return JSONResponse({"memo_id": memo_id})
+
+    @app.get("/admin/{token}")
+    async def admin_link(token: str) -> Response:
+        if len(token) > 128 or not await run_in_threadpool(store.is_admin_token, token):
+            return _message("Link not valid", "This link is not valid.", 404)
+        return await shell.sign_in("admin", None, "/admin")
+
+    @app.get("/admin")
+    async def admin_page(request: Request) -> Response:
+        if await shell.label(request, "admin") is None:
+            return _message("Open your admin link", "Open the admin link shown at study open.", 401)
+
+        def _load():
+            return store.study_row(), store.judge_progress(), store.pair_counts()
+
+        row, judges, pairs = await run_in_threadpool(_load)
+        esc = html.escape
+        jrows = "".join(f'<tr data-judge="{esc(j["label"])}"><td>{esc(j["label"])}</td><td>{esc(j["group"])}</td>'
+                        f'<td class="answered">{j["answered"]}</td><td>{j["total"]}</td>'
+                        f'<td>{j["last_answer_at"]:%Y-%m-%d %H:%M:%S} UTC</td></tr>' if j["last_answer_at"] else
+                        f'<tr data-judge="{esc(j["label"])}"><td>{esc(j["label"])}</td><td>{esc(j["group"])}</td>'
+                        f'<td class="answered">{j["answered"]}</td><td>{j["total"]}</td><td></td></tr>' for j in judges)
+        prows = "".join(f'<tr data-pair="{esc(p["tool"])}/{esc(p["prompt_id"])}"><td>{esc(p["tool"])}</td>'
+                        f'<td>{esc(p["prompt_id"])}</td><td class="answers">{p["answers"]}</td><td class="yes">{p["yes"]}</td>'
+                        f'<td>{_pct(p)}</td></tr>' for p in pairs)
+        total = sum(j["answered"] for j in judges)
+        expected = sum(j["total"] for j in judges)
+        sim = " (SIMULATED)" if definition.simulated else ""
+        body = (f'<h1>Study {esc(study_id)}{sim}</h1><p id="state">State: <b>{esc(row["state"])}</b>; '
+                f'<span id="answers-total">{total}</span> of {expected} answers; pre-registration '
+                f'{esc(prereg.created_at)}</p><h2>Judges</h2><table id="judges"><tr><th>judge</th><th>group</th>'
+                f'<th>answered</th><th>of</th><th>last answer</th></tr>{jrows}</table>'
+                f'<h2>Answers per tool and prompt</h2><table id="pairs"><tr><th>tool</th><th>prompt</th><th>answers</th>'
+                f'<th>yes</th><th>% yes</th></tr>{prows}</table>')
+        return _page(f"Admin: {study_id}", body)
+
+    return app
