@@ -370,8 +370,7 @@ def demo() -> None:
         print_next_steps(err)  # the exact commands to paste: `make demo` cannot put .venv/bin on PATH
 
 
-# ---- what the demo prints last --------------------------------------------------------------------
-# What `make demo` prints last: the exact commands a user pastes next (issue 15, item 5).
+# ---- what `make demo` prints last: the exact commands a user pastes next (issue 15, item 5) -------
 #
 # `make demo` runs `.venv/bin/imagebench demo`; it cannot change the user's shell, so a plain
 # `imagebench leaderboard` typed afterwards is "command not found" unless the virtual environment's
