@@ -94,17 +94,17 @@ def run_demo(console: Console) -> None:
     for model_id, n in written.items():
         console.print(f"  {model_id}: {n} objects written" if n else f"  {model_id}: already present")
 
-    from flows.cli import _progress
+    from flows.cli.common import progress
     from flows.pipeline import nightly_flow, reference_build_flow
 
-    with _progress():
+    with progress():
         if settings.reference_path.exists():
             console.print(f"reference {settings.reference_version} exists: verifying, never rebuilding")
         else:
             console.print(f"building demo reference {settings.reference_version} from the baseline field")
             reference_build_flow(settings.reference_version, [m.model_id for m in BASELINE_FIELD])
         summary = nightly_flow()
-    from flows.output import nightly_line
+    from flows.cli.common import nightly_line
 
     console.print(nightly_line(summary), highlight=False)
     from tasks.report import build_report

@@ -71,7 +71,7 @@ def _reset_after_fork(env: dict[str, str], cwd: str, argv: list[str]) -> None:
         pass
     from rich.console import Console
 
-    # Module-level consoles (flows.cli.err, ...) were made at import, when the server's stderr was
+    # Module-level consoles (flows.cli.common.err, ...) were made at import, when the server's stderr was
     # its log file: made again, they see this terminal (colours, width, COLUMNS) as a cold one would.
     for module in list(sys.modules.values()):
         if (getattr(module, "__name__", "") or "").split(".")[0] not in ("flows", "tasks"):

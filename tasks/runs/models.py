@@ -2,7 +2,7 @@
 keep a typo or a wrong store prefix from reaching the lake.
 
 Plain functions over the lake and the object store (no Prefect, torch or Great Expectations:
-`imagebench models list` and `sql` stay light). The CLI is flows/cli_models.py.
+`imagebench models list` and `sql` stay light). The CLI is flows/cli/models.py.
 
 * ``require_objects``: an ingest that finds no object for a model refuses and changes nothing:
   a model unknown everywhere is a typo (nearest ids named); a model with ingested images is a

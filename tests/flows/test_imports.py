@@ -175,7 +175,7 @@ def test_split_by_model_keeps_each_models_rows_in_order():
 
 def test_cli_import_of_many_models_prints_one_line_not_a_table(workspace, tmp_path):
     """Up to IMPORT_TABLE_MAX models: one table row each; more: one summary line."""
-    from flows.cli import IMPORT_TABLE_MAX
+    from flows.cli.imports import IMPORT_TABLE_MAX
     from tests.flows.test_cli import invoke
 
     models = [f"m{i:03d}" for i in range(IMPORT_TABLE_MAX + 1)]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import io
 import re
 
-from flows.output import OutputFormat, nightly_line, render
+from flows.cli.common import OutputFormat, nightly_line, render
 
 
 def test_nightly_line_names_every_disposition_and_adds_up():

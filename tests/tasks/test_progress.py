@@ -38,12 +38,12 @@ def test_cli_bars_count_each_round_against_its_total():
 
     from rich.console import Console
 
-    import flows.cli as cli
+    import flows.cli.common as cli
 
     out = io.StringIO()
     saved, cli.err = cli.err, Console(file=out, width=100, force_terminal=False)
     try:
-        with cli._progress():
+        with cli.progress():
             for _ in range(2):
                 progress.advance("ingest m", 192, 0)
                 progress.advance("ingest m", 192, 192)

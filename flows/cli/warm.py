@@ -7,6 +7,8 @@ from typing import Annotated
 
 import typer
 
+from flows.cli.common import err, user_errors
+
 warm_app = typer.Typer(help="The warm server that runs heavy commands without paying imports each time.",
                        no_args_is_help=True)
 
@@ -14,16 +16,15 @@ warm_app = typer.Typer(help="The warm server that runs heavy commands without pa
 @warm_app.command("status")
 def warm_status() -> None:
     """List this user's warm servers; the one this environment would use is marked."""
-    import flows.cli as cli
     from flows import warm
 
-    with cli._user_errors():
+    with user_errors():
         mine = warm.server_key(dict(os.environ))
         found = warm.servers()
         if warm.mode() == "off":
-            cli.err.print("IMAGEBENCH_WARM=off: commands run cold", highlight=False)
+            err.print("IMAGEBENCH_WARM=off: commands run cold", highlight=False)
         if not found:
-            cli.err.print("no warm server running", highlight=False)
+            err.print("no warm server running", highlight=False)
         for s in found:
             state = f"pid {s['pid']}" if s["pid"] else "not answering (stale socket)"
             mark = "  <- this environment" if s["key"] == mine else ""
@@ -35,16 +36,15 @@ def warm_stop(
     all_servers: Annotated[bool, typer.Option("--all", help="every warm server of this user")] = False,
 ) -> None:
     """Stop the warm server of this environment (or all of them); running commands finish."""
-    import flows.cli as cli
     from flows import warm
 
-    with cli._user_errors():
+    with user_errors():
         mine = warm.server_key(dict(os.environ))
         targets = [s for s in warm.servers() if all_servers or s["key"] == mine]
         if not targets:
-            cli.err.print("no warm server to stop", highlight=False)
+            err.print("no warm server to stop", highlight=False)
         for s in targets:
             from pathlib import Path
 
             answered = warm.stop(Path(s["socket"]))
-            cli.err.print(f"{s['key']}: {'stopped' if answered else 'stale socket removed'}", highlight=False)
+            err.print(f"{s['key']}: {'stopped' if answered else 'stale socket removed'}", highlight=False)

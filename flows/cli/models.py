@@ -1,6 +1,6 @@
 """`imagebench models ...`: which models the workspace knows, and retiring them (reversibly).
 
-A typer sub-app registered by flows/cli.py (ARCHITECTURE.md section 6: one file per area). The
+A typer sub-app added by flows/cli/__init__.py (ARCHITECTURE.md section 7: one file per area). The
 logic lives in tasks/runs/models.py; nothing heavy is imported here (no torch, Prefect or GX).
 """
 
@@ -10,19 +10,13 @@ from typing import Annotated, Optional
 
 import typer
 
-from flows.output import OutputFormat, render
+from flows.cli.common import OutputFormat, cli_settings, err, render, user_errors, warn_uncalibrated
 
 models_app = typer.Typer(
     help="Models: list them (state, images, scored, retired); retire or unretire one.", no_args_is_help=True
 )
 
 TABLE_COLUMNS = ("model_id", "state", "in_store", "images", "scored", "complete", "eps", "capability", "retired")
-
-
-def _cli():
-    import flows.cli as cli  # the shared error/settings helpers (imported late: cli imports this module)
-
-    return cli
 
 
 def _store_models(settings, console) -> list[str] | None:
@@ -37,19 +31,6 @@ def _store_models(settings, console) -> list[str] | None:
         return None
 
 
-def print_quarantine(settings, model_ids, console) -> None:
-    """Why each of these models' objects was quarantined (every command that ingests prints it)."""
-    from tasks.runs.models import quarantine_lines
-
-    lines = quarantine_lines(settings, model_ids)
-    for line in lines:
-        console.print(f"[yellow]{line}[/]", highlight=False, soft_wrap=True, markup=True)
-    if lines:
-        console.print("[yellow]quarantined images count as losses (complete = false): "
-                      "imagebench sql \"SELECT * FROM quarantine WHERE model_id = '...'\"[/]",
-                      highlight=False, soft_wrap=True)
-
-
 @models_app.command("list")
 def models_list(
     source: Annotated[Optional[str], typer.Option(help="object store URI to list (default: IMAGEBENCH_STORE)")] = None,
@@ -57,17 +38,16 @@ def models_list(
 ) -> None:
     """Every model of the store and the lake: state (new, ingested, scored, retired), image
     counts, whether it has a result under the reference in force, and its retirement."""
-    cli = _cli()
-    with cli._user_errors():
-        settings = cli._settings()
+    with user_errors():
+        settings = cli_settings()
         if source:
             settings = settings.model_copy(update={"store": source})
         from tasks.runs.models import LIST_COLUMNS, list_models
 
-        rows = list_models(settings, _store_models(settings, cli.err))
+        rows = list_models(settings, _store_models(settings, err))
         if fmt is not OutputFormat.table:
             render(LIST_COLUMNS, [[r[c] for c in LIST_COLUMNS] for r in rows], fmt, title="imagebench models")
-            cli._warn_uncalibrated(any(r["uncalibrated"] for r in rows), fmt)
+            warn_uncalibrated(any(r["uncalibrated"] for r in rows), fmt)
             return
         table = []
         for r in rows:
@@ -81,26 +61,25 @@ def models_list(
                 None if r["capability"] is None else round(r["capability"], 1), retired,
             ])
         render(TABLE_COLUMNS, table, fmt, title=f"imagebench models (reference {settings.reference_version})")
-        cli._warn_uncalibrated(any(r["uncalibrated"] for r in rows), fmt)
+        warn_uncalibrated(any(r["uncalibrated"] for r in rows), fmt)
 
 
 def _record(event: str, model: str, reason: str, by: str | None) -> None:
-    cli = _cli()
-    with cli._user_errors():
+    with user_errors():
         from tasks.store.storage import validate_model_id
 
         validate_model_id(model)
-        settings = cli._settings()
+        settings = cli_settings()
         from tasks.runs import models
 
         if event == "retired":
-            row = models.retire(settings, model, reason, by, store_models=_known_or_store(settings, model, cli.err))
+            row = models.retire(settings, model, reason, by, store_models=_known_or_store(settings, model, err))
         else:
             row = models.unretire(settings, model, reason, by)
         models.ensure_catalog(settings)  # a catalog of an older format would not honour the record
         what = "hidden from the leaderboard and the nightly" if event == "retired" else "back on the leaderboard and in the nightly"
-        cli.err.print(f"[green]{model} {event}[/] ({row['at']:%Y-%m-%d %H:%M:%S} UTC, by {row['actor']}: {row['reason']}): "
-                      f"{what}; its rows stay in the lake", highlight=False, soft_wrap=True)
+        err.print(f"[green]{model} {event}[/] ({row['at']:%Y-%m-%d %H:%M:%S} UTC, by {row['actor']}: {row['reason']}): "
+                  f"{what}; its rows stay in the lake", highlight=False, soft_wrap=True)
 
 
 def _known_or_store(settings, model: str, console) -> list[str] | None:

@@ -10,6 +10,8 @@ from typing import Annotated, Optional
 
 import typer
 
+from flows.cli.common import cli_settings, err, user_errors
+
 panel_app = typer.Typer(help="The Beauty Index judging web app.", no_args_is_help=True)
 
 
@@ -21,9 +23,8 @@ def panel_serve(
     url: Annotated[Optional[str], typer.Option(help="the public URL judges reach (default: the panel_url setting, else the URL given at study open); https makes the session cookies Secure")] = None,
 ) -> None:
     """Serve STUDY's panel until Ctrl-C (judges open the links `study open` printed)."""
-    import flows.cli as cli
 
-    with cli._user_errors():
+    with user_errors():
         import logging
         import sys
 
@@ -35,6 +36,6 @@ def panel_serve(
         panel_log = logging.getLogger("imagebench.panel")
         panel_log.addHandler(handler)
         panel_log.setLevel(logging.INFO)
-        app = create_app(cli._settings(), study_id, public_url=url)
-        cli.err.print(f"panel of study {study_id} on http://{host}:{port}/ (Ctrl-C stops it)", highlight=False)
+        app = create_app(cli_settings(), study_id, public_url=url)
+        err.print(f"panel of study {study_id} on http://{host}:{port}/ (Ctrl-C stops it)", highlight=False)
         make_server(app, host, port).run()

@@ -1,0 +1,69 @@
+"""The `imagebench` command line: the Typer app assembled from one sub-app module per area
+(ARCHITECTURE.md section 7). Imported by nobody inside this package: the areas import
+flows/cli/common.py (errors, settings, output, logging), never each other.
+
+- scoring.py: ingest, score, nightly, hpsv3, compare, breakdown, report, leaderboard, runs, sql,
+  catalog, demo; production.py: backfill and serve (a Prefect server); imports.py: import-scores,
+  import-verdicts
+- reference.py, judges.py, models.py, study.py (with publishing), panel.py, vab.py (with run and
+  the official toolkit), vab_people.py (`vab panel`), warm.py
+
+Heavy packages (torch, transformers, Prefect, Great Expectations) are imported inside the
+commands that need them, so `sql` and `leaderboard` answer in about a second.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Annotated
+
+import typer
+
+from flows.cli import imports, production, scoring
+from flows.cli.judges import judges_app
+from flows.cli.models import models_app
+from flows.cli.panel import panel_app
+from flows.cli.reference import reference_app
+from flows.cli.study import study_app
+from flows.cli.vab import vab_app
+from flows.cli.vab_people import vab_panel_app
+from flows.cli.warm import warm_app
+
+app = typer.Typer(
+    name="imagebench",
+    help="Reproducible scoring of text-to-image models: HPSv3 EPS against a frozen reference.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+
+@app.callback()
+def _global_options(
+    debug: Annotated[
+        bool, typer.Option("--debug", help="show tracebacks and Prefect's error logs in the terminal (else in $IMAGEBENCH_HOME/logs/imagebench.log)")
+    ] = False,
+) -> None:
+    if debug:
+        os.environ["IMAGEBENCH_DEBUG"] = "1"  # read by flows.cli.common, also in processes this one starts
+
+
+# The top-level commands, in the order `imagebench --help` lists them; then the sub-apps.
+for command in (
+    scoring.ingest, scoring.score, production.backfill, scoring.nightly, scoring.hpsv3, imports.import_scores,
+    imports.import_verdicts, scoring.compare, scoring.breakdown, scoring.report, scoring.leaderboard, scoring.runs,
+    scoring.sql, scoring.catalog, production.serve, scoring.demo,
+):
+    app.command()(command)
+app.add_typer(reference_app, name="reference")
+app.add_typer(judges_app, name="judges")
+app.add_typer(models_app, name="models")
+app.add_typer(study_app, name="study")
+app.add_typer(panel_app, name="panel")
+vab_app.add_typer(vab_panel_app, name="panel")
+app.add_typer(vab_app, name="vab")
+app.add_typer(warm_app, name="warm")
+
+
+def main() -> None:
+    app()

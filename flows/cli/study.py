@@ -1,0 +1,274 @@
+"""`imagebench study ...`: a Beauty Index study's life (docs/BEAUTY.md): init, open, status, close.
+
+A typer sub-app added by flows/cli/__init__.py (ARCHITECTURE.md section 7: one file per area), with
+the publishing commands (analyze, leaderboard, hypotheses, import-answers, export, import-bundle)
+below. The logic lives in tasks/beauty/; nothing heavy is imported here (no torch, Prefect or GX).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from flows.cli.common import (
+    CliError, OutputFormat, catalog_or_exit, cli_settings, err, prepare_prefect, render, user_errors,
+)
+
+study_app = typer.Typer(help="Beauty Index studies: init, open (blind + pre-register + links), status, close.",
+                        no_args_is_help=True)
+
+DEFAULT_URL = "http://127.0.0.1:8765"
+
+
+@study_app.command("init")
+def study_init(
+    study_id: Annotated[str, typer.Argument(metavar="STUDY")],
+    tools: Annotated[Optional[str], typer.Option(help="comma-separated model ids (default: every model of the store)")] = None,
+    host_tool: Annotated[Optional[str], typer.Option(help="the host lab's own tool (hypothesis H5)")] = None,
+) -> None:
+    """Write $IMAGEBENCH_HOME/studies/STUDY/study.yaml (the published panel shape) to edit before `open`."""
+    with user_errors():
+        from tasks.beauty.study import init_study
+
+        path = init_study(cli_settings(), study_id, [t.strip() for t in tools.split(",") if t.strip()] if tools else None,
+                          host_tool)
+        err.print(f"[green]wrote {path}[/]: edit the judges (anonymous labels), groups and tools, then "
+                  f"`imagebench study open {study_id}`", highlight=False, soft_wrap=True)
+
+
+@study_app.command("open")
+def study_open(
+    study_id: Annotated[str, typer.Argument(metavar="STUDY")],
+    url: Annotated[Optional[str], typer.Option(help=f"the panel's public base URL, for the printed links (default: the panel_url setting, else {DEFAULT_URL})")] = None,
+) -> None:
+    """Ingest and blind every tool's images, write the pre-registration once, draw each judge's
+    order and print the judges' and the admin's links (shown once: only their hashes are kept)."""
+    with user_errors():
+        from tasks.beauty.study import open_study
+
+        from tasks.beauty.study import remember_panel_url
+
+        settings = cli_settings()
+        opened = open_study(settings, study_id)
+        base = (url or settings.panel_url or DEFAULT_URL).rstrip("/")
+        remember_panel_url(settings, study_id, base)  # `panel serve` and `relink` use it (https: Secure cookies)
+        for line in opened.blinding_report:
+            err.print(line, highlight=False, soft_wrap=True, markup=False)
+        err.print(f"[green]study {study_id} open[/]: {opened.n_images} blinded images, pre-registration "
+                  f"{opened.study_dir / 'preregistration.json'} (judge orders drawn from a private secret, "
+                  f"sha256 {opened.preregistration.order_commitment}). "
+                  "Links below are shown ONCE (only their sha256 is stored): send each judge theirs.",
+                  highlight=False, soft_wrap=True)
+        for label, token in opened.judge_tokens.items():
+            typer.echo(f"judge {label}: {base}/j/{token}")
+        typer.echo(f"admin: {base}/admin/{opened.admin_token}")
+
+
+@study_app.command("status")
+def study_status_cmd(
+    study_id: Annotated[str, typer.Argument(metavar="STUDY")],
+    fmt: Annotated[OutputFormat, typer.Option("--format")] = OutputFormat.table,
+) -> None:
+    """The study's state and each judge's progress."""
+    with user_errors():
+        from tasks.beauty.study import study_status
+
+        st = study_status(cli_settings(), study_id)
+        err.print(f"study {study_id}: {st['state']}; {st['answers']} of {st.get('expected', 0)} answers; "
+                  f"{st['images']} images; pre-registration sha256 {st['preregistration_sha256']}",
+                  highlight=False, soft_wrap=True)
+        cols = ("judge", "group", "answered", "total", "last_answer_at")
+        render(cols, [[j["label"], j["group"], j["answered"], j["total"], j["last_answer_at"]] for j in st["judges"]], fmt,
+               title=f"study {study_id}")
+
+
+@study_app.command("close")
+def study_close(study_id: Annotated[str, typer.Argument(metavar="STUDY")]) -> None:
+    """Close the study: the panel accepts no answer or memo after this."""
+    with user_errors():
+        from tasks.beauty.study import close_study
+
+        closed = close_study(cli_settings(), study_id)
+        err.print(f"study {study_id} {'closed' if closed else 'was already closed'}", highlight=False)
+
+
+@study_app.command("relink")
+def study_relink(
+    study_id: Annotated[str, typer.Argument(metavar="STUDY")],
+    judge: Annotated[str, typer.Option("--judge", help="the judge's label (study.yaml) whose link was lost")],
+    url: Annotated[Optional[str], typer.Option(help="the panel's public base URL (default: the panel_url setting, else the URL given at open)")] = None,
+) -> None:
+    """Issue a new link for one judge (shown once); the old link and the judge's sessions stop working."""
+    with user_errors():
+        from tasks.beauty.study import panel_url_of, relink_judge
+
+        settings = cli_settings()
+        token = relink_judge(settings, study_id, judge)
+        base = (url or panel_url_of(settings, study_id) or DEFAULT_URL).rstrip("/")
+        err.print(f"[green]new link for judge {judge}[/] (shown ONCE; the old link no longer works):", highlight=False)
+        typer.echo(f"judge {judge}: {base}/j/{token}")
+
+
+# ---- publishing a study: analyze, leaderboard, import-answers, export, import-bundle ----------------
+# `leaderboard` reads the DuckDB catalog only: no torch, Prefect or Great Expectations (tests/flows/test_cli.py
+# checks it); `analyze` runs the Prefect flow `study-analyze` in this process.
+
+LEADERBOARD_JSON_COLUMNS = ("rank", "tool", "beauty_index", "beauty_index_lo", "beauty_index_hi", "answers", "simulated",
+                            "preregistered")
+DIGITS = 1  # the table prints the Beauty Index and its interval to one decimal: so do CSV and JSON
+
+
+def _simulated_banner() -> None:
+    from tasks.beauty.publish import SIMULATED_BANNER  # light: pyarrow only
+
+    err.print(f"[bold yellow]{SIMULATED_BANNER}[/]", highlight=False, soft_wrap=True)
+
+
+def study_analyze(
+    study: Annotated[str, typer.Option("--study", help="the study id (folder under $IMAGEBENCH_HOME/studies/)")],
+    mixed_resamples: Annotated[Optional[int], typer.Option(
+        "--mixed-resamples", min=1, help="bootstrap refits of H3's mixed model (default 100; each takes ~0.3 s)")] = None,
+) -> None:
+    """Read the study's answers (panel app, or imported), compute % yes per (tool, prompt), the
+    Beauty Index per tool and panel group with bootstrap intervals, the pixel metrics and H1-H5,
+    validate them and write them to the lake (views study_* in `imagebench sql`). Ends with the
+    leaderboard and the hypotheses' verdicts."""
+    with user_errors():
+        settings = cli_settings()
+        from tasks.beauty.study import load_study
+
+        load_study(settings, study)  # a missing or tampered study is named before Prefect starts
+        prepare_prefect(settings)
+        from flows.beauty import study_analyze_flow
+
+        summary = study_analyze_flow(study, mixed_resamples=mixed_resamples)
+        err.print(f"[green]study {study} analysed[/]: {summary['answers']} answers from {summary['judges']} judges "
+                  f"({summary['source']}), {summary['tools']} tools", highlight=False, soft_wrap=True)
+        for note in summary["notes"]:
+            err.print(f"[bold yellow]{note}[/]", highlight=False, soft_wrap=True)
+    study_leaderboard(study, OutputFormat.table)
+    study_hypotheses(study, OutputFormat.table)
+
+
+def _prereg_status(settings, catalog, study: str):
+    """Whether the study's plan predates every answer (tasks.beauty.prereg), from its folder and
+    the catalog's answers: no torch, Prefect or GX."""
+    from datetime import datetime, timezone
+
+    from tasks.beauty.prereg import NEVER_OPENED, PreregStatus, preregistration_status
+    from tasks.beauty.study import StudyError, load_study
+    from tasks.lake.tables import query
+
+    try:
+        _, prereg, _ = load_study(settings, study)
+    except (StudyError, OSError, ValueError) as exc:
+        return PreregStatus(False, f"pre-registration not checked: {exc}")
+    if prereg is None:
+        return PreregStatus(False, NEVER_OPENED)
+    created = datetime.fromisoformat(prereg.created_at.replace("Z", "+00:00"))
+    created_us = int((created - datetime(1970, 1, 1, tzinfo=timezone.utc)).total_seconds() * 1_000_000)
+    _, ((early, total),) = query(catalog, "SELECT count(*) FILTER (WHERE epoch_us(shown_at) < "
+                                          f"{created_us}), count(*) FROM study_answers WHERE study_id = '{study}'")
+    # Only the counts matter: preregistration_status compares times, so give it stand-ins.
+    return preregistration_status(prereg, [datetime(1970, 1, 1, tzinfo=timezone.utc)] * early + [created] * (total - early))
+
+
+def study_leaderboard(
+    study: Annotated[str, typer.Option("--study", help="the study id (folder under $IMAGEBENCH_HOME/studies/)")],
+    fmt: Annotated[OutputFormat, typer.Option("--format")] = OutputFormat.table,
+) -> None:
+    """The study's Beauty Index per tool (0-100, 95% interval, answers), best first."""
+    with user_errors(log=False):
+        from schemas.study import STUDY_ID_RE
+
+        if not STUDY_ID_RE.fullmatch(study):
+            raise CliError(f"--study {study!r}: a study id matches {STUDY_ID_RE.pattern}")
+        settings = cli_settings()
+        from tasks.lake.tables import query
+
+        catalog = catalog_or_exit(settings)
+        status = _prereg_status(settings, catalog, study)
+        flags = " || ".join(["CASE WHEN simulated THEN 'SIMULATED ' ELSE '' END"] +
+                            ([] if status.preregistered else ["'not pre-registered'"]))
+        if fmt is OutputFormat.table:
+            select = (f"\"rank\", tool, printf('%.{DIGITS}f [%.{DIGITS}f, %.{DIGITS}f]', beauty_index, beauty_index_lo, "
+                      f"beauty_index_hi) AS beauty_index, answers, trim({flags}) AS flags")
+        else:
+            rounded = {"beauty_index", "beauty_index_lo", "beauty_index_hi"}
+            select = ", ".join(f'round("{c}", {DIGITS}) AS "{c}"' if c in rounded else
+                               (f"{status.preregistered} AS preregistered" if c == "preregistered" else f'"{c}"')
+                               for c in LEADERBOARD_JSON_COLUMNS)
+        columns, rows = query(catalog, f"SELECT {select}, simulated AS _sim FROM study_leaderboard WHERE study_id = '{study}'")
+        if not rows:
+            raise CliError(f"study {study} has no Beauty Index yet: imagebench study analyze --study {study}")
+        simulated = any(r[-1] for r in rows)
+        render(columns[:-1], [r[:-1] for r in rows], fmt, title=f"Beauty Index: study {study}")
+        if simulated:
+            _simulated_banner()
+        if status.note:
+            err.print(f"[bold yellow]{status.note}[/]", highlight=False, soft_wrap=True)
+
+
+def study_hypotheses(study: str, fmt: OutputFormat = OutputFormat.table) -> None:
+    """The pre-registered hypotheses' verdicts (Holm-adjusted p), with why a hypothesis was not tested."""
+    with user_errors(log=False):
+        from tasks.lake.tables import query
+
+        columns, rows = query(catalog_or_exit(cli_settings()),
+                              "SELECT hypothesis, verdict, round(p_holm, 4) AS p_holm, "
+                              "CASE WHEN verdict = 'not tested' THEN detail ELSE coalesce(headline, '') END AS why "
+                              f"FROM study_hypotheses WHERE study_id = '{study}' ORDER BY hypothesis")
+        render(columns, rows, fmt, title=f"Hypotheses: study {study}")
+
+
+def study_import_answers(
+    file: Annotated[Path, typer.Argument(metavar="FILE", help="CSV: judge,group,tool,prompt_id,answer,shown_at,answered_at")],
+    study: Annotated[str, typer.Option("--study", help="the study id (folder under $IMAGEBENCH_HOME/studies/)")],
+) -> None:
+    """Answers of a panel run elsewhere: validated whole (a bad row names its line and nothing is
+    recorded), stored under salted judge ids; then `study analyze` as for the panel app."""
+    with user_errors():
+        from tasks.beauty.imports import import_answers
+
+        n, judges = import_answers(cli_settings(), study, file)
+        err.print(f"[green]imported {n} answers from {judges} judges[/] into study {study}: "
+                  f"next, imagebench study analyze --study {study}", highlight=False, soft_wrap=True)
+
+
+def study_export(
+    study: Annotated[str, typer.Option("--study", help="the study id (folder under $IMAGEBENCH_HOME/studies/)")],
+    out: Annotated[Optional[Path], typer.Option("--out", help="bundle folder (default: $IMAGEBENCH_HOME/exports/STUDY)")] = None,
+) -> None:
+    """The open-data bundle (CC-BY 4.0): anonymised answers (Parquet + CSV), the analysis, the
+    datasheet, the pre-registration, consented memos and SHA256SUMS."""
+    with user_errors():
+        settings = cli_settings()
+        from tasks.beauty.export import export_study
+
+        path = export_study(settings, study, out or settings.home / "exports" / study)
+        err.print(f"[green]bundle written:[/] {path} (check it with: cd {path} && sha256sum -c SHA256SUMS)",
+                  highlight=False, soft_wrap=True)
+
+
+def study_import_bundle(
+    bundle: Annotated[Path, typer.Argument(metavar="DIR", help="a bundle folder written by `imagebench study export` (any lab)")],
+    as_id: Annotated[Optional[str], typer.Option("--as", help="study id here (default: the bundle's own)")] = None,
+) -> None:
+    """Another lab's open-data bundle as a study of this workspace: SHA256SUMS verified and the
+    pre-registration shown to predate every answer (refused otherwise); then `study analyze`."""
+    with user_errors():
+        from tasks.beauty.bundles import import_bundle
+
+        study, n, judges = import_bundle(cli_settings(), bundle, as_id)
+        err.print(f"[green]imported bundle {bundle}[/] as study {study}: {n} answers from {judges} judges, "
+                  f"SHA256SUMS verified, pre-registered before every answer; next, imagebench study analyze --study {study}",
+                  highlight=False, soft_wrap=True)
+
+
+study_app.command("analyze")(study_analyze)
+study_app.command("leaderboard")(study_leaderboard)
+study_app.command("import-answers")(study_import_answers)
+study_app.command("export")(study_export)
+study_app.command("import-bundle")(study_import_bundle)
