@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 from pathlib import Path
 
 
@@ -64,3 +65,35 @@ def prepare_prefect_env(home: Path) -> None:
         from flows.ephemeral import guard_ephemeral_server
 
         guard_ephemeral_server()
+
+
+def start_embedded_api() -> threading.Thread | None:
+    """The embedded (ephemeral) Prefect API this command's first flow would start, started now.
+
+    Prefect starts it on the first API call: a ``uvicorn`` subprocess, then 4-10 s of polling its
+    ``/health`` while the command waits. Started here from a thread (which only polls: the server
+    is its own process), the command meanwhile imports what its flows need (Great Expectations,
+    torch: ``flows.cli.common.prepare_prefect``), so those seconds overlap instead of adding up
+    (issue 18, item 9). The caller must ``join()`` the thread before any Prefect call: until the
+    health check passes, Prefect's own ``start()`` would return before the server is up.
+
+    None when a Prefect API is configured (a real server, or the warm server's API). A failed
+    start is left to Prefect's own start on the first call, which raises it with its message.
+    """
+    from prefect.settings import PREFECT_API_URL
+
+    if PREFECT_API_URL.value():
+        return None
+    from prefect.server.api.server import SubprocessASGIServer  # imported here, not in the thread
+
+    server = SubprocessASGIServer()
+
+    def start() -> None:
+        try:
+            server.start()
+        except Exception:  # noqa: BLE001 - Prefect's start on the first call reports it
+            pass
+
+    thread = threading.Thread(target=start, name="imagebench-api-start", daemon=True)
+    thread.start()
+    return thread

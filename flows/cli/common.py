@@ -4,7 +4,8 @@ and logging. Imported by the sub-apps of flows/cli/, never importing them; no he
 
 - Errors: ``CliError`` and ``user_errors`` (an expected error is one line and exit 1).
 - Settings: ``cli_settings`` (a bad IMAGEBENCH_* value is exit 2), ``precheck`` and
-  ``prepare_prefect`` before a command runs flows.
+  ``prepare_prefect`` before a command runs flows (with ``SCORING_PRELOAD``, what the scoring
+  flows import, loaded while the embedded Prefect API starts).
 - Output: the stderr console ``err``, ``render`` (table, CSV or JSON), progress bars, banners.
 - Logging: where a command's tracebacks go, the workspace's log file, not the terminal.
 - Help rendering fixes for typer 0.29, applied when this module is imported (before any
@@ -406,11 +407,22 @@ def precheck(settings: Settings, model: str | None = None, objects: bool = False
         require_objects(store, Lake(settings.lake_dir), model, len(store.list_model_objects(model)))
 
 
-def prepare_prefect(settings: Settings, quiet: bool = True) -> None:
+# What the scoring flows (score, nightly, backfill, reference build) import on their way: Great
+# Expectations (validation, the reference check) and the HPSv3 scorer (torch, transformers).
+SCORING_PRELOAD = ("great_expectations", "tasks.hpsv3.scorer")
+
+
+def prepare_prefect(settings: Settings, quiet: bool = True, preload: Sequence[str] = ()) -> None:
     """Before a command runs flows: the workspace and Prefect's home exist (flows.env), its
     ephemeral API server dies with the command (flows.ephemeral), failures go to the log file
-    (and, unless ``quiet`` is false as for `serve`, not to the terminal: the logging section above)."""
-    from flows.env import prepare_prefect_env
+    (and, unless ``quiet`` is false as for `serve`, not to the terminal: the logging section above).
+
+    ``preload``: modules the command's flows will import (Great Expectations, the HPSv3 scorer),
+    imported here while the embedded Prefect API boots in its own process (flows.env
+    ``start_embedded_api``): the two waits overlap instead of adding up."""
+    import importlib
+
+    from flows.env import prepare_prefect_env, start_embedded_api
 
     prepare_prefect_env(settings.home)
     # Prefect's logging first: set up later, it sees our file handler on the root logger, takes
@@ -419,8 +431,13 @@ def prepare_prefect(settings: Settings, quiet: bool = True) -> None:
 
     if not PROCESS_LOGGING_CONFIG:
         setup_logging()
+    api_start = start_embedded_api() if preload else None
     command_started(settings.home, quiet=quiet)
     _report_crashed(settings)
+    for name in preload:
+        importlib.import_module(name)
+    if api_start is not None:
+        api_start.join()
 
 
 def _report_crashed(settings: Settings) -> None:

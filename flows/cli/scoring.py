@@ -19,7 +19,7 @@ from typing import Annotated, Optional
 import typer
 
 from flows.cli.common import (
-    CliError, OutputFormat, catalog_or_exit, cli_settings, err, precheck, prepare_prefect, print_quarantine, print_rows,
+    SCORING_PRELOAD, CliError, OutputFormat, catalog_or_exit, cli_settings, err, precheck, prepare_prefect, print_quarantine, print_rows,
     progress, render, user_errors, warn_uncalibrated,
 )
 from schemas.settings import Settings
@@ -56,7 +56,7 @@ def score(
     with user_errors():
         settings = cli_settings()
         precheck(settings, model, objects=scorer is None)
-        prepare_prefect(settings)
+        prepare_prefect(settings, preload=SCORING_PRELOAD if scorer is None else SCORING_PRELOAD[:1])
         from flows.pipeline import score_model_flow
 
         with progress():
@@ -75,7 +75,7 @@ def nightly(
     with user_errors():
         settings = cli_settings()
         precheck(settings)
-        prepare_prefect(settings)
+        prepare_prefect(settings, preload=SCORING_PRELOAD)
         from flows.pipeline import nightly_flow
 
         with progress():
