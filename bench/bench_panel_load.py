@@ -64,7 +64,7 @@ def run_store(name: str, judges: int, work: Path, database: str | None) -> dict:
     import httpx
 
     from tasks.beauty.study import open_study
-    from tasks.panel.store import PanelStore
+    from tasks.beauty.store import PanelStore
 
     home = work / name
     settings = _workspace(home, judges)

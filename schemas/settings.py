@@ -154,7 +154,7 @@ class Settings(RunnerSettings):
     prefect_port: int = Field(default=4200, ge=1, le=65535)
     # A second run touching a model another run is scoring waits this long for it, then refuses.
     model_lock_wait_s: float = Field(default=0.0, ge=0)
-    # Beauty Index panel (tasks/panel/store.py): None = SQLite (WAL) in each study's folder; a
+    # Beauty Index panel (tasks/beauty/store.py): None = SQLite (WAL) in each study's folder; a
     # SQLAlchemy URL (postgresql+psycopg://...) when several panel servers share one database.
     panel_database: str | None = None
     # The panel's public base URL (printed links; https: session cookies get `Secure`), and how

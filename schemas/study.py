@@ -286,7 +286,7 @@ HYPOTHESIS_VERDICTS = ("supported", "not supported", "not tested")
 
 def salted_judge_id(salt: str, label: str) -> str:
     """The judge id every table and export carries: sha256 hex of the study's secret salt followed
-    by the judge's label (as ``tasks.panel.store.PanelStore.answers_table`` computes it). The salt
+    by the judge's label (as ``tasks.beauty.store.PanelStore.answers_table`` computes it). The salt
     never leaves the study folder, so the id cannot be recomputed from a guessed label."""
     import hashlib
 

@@ -25,7 +25,8 @@ from schemas.study import MEMO_MAX_SECONDS
 from tasks.panel.app import COOKIES, CSS, MAX_POSITION, PanelShell, _message, _page, parse_position, refusal
 from tasks.panel.blind import opaque_id
 from tasks.panel.memo_audio import MEMO_CONTAINERS, MemoRejected, check_memo
-from tasks.panel.store import PanelError, PanelStore
+from tasks.panel.store import PanelError
+from tasks.beauty.store import PanelStore
 
 MEMO_MAX_BYTES = 1_000_000  # 10 s of Opus is ~20-40 kB; anything near 1 MB is not a short memo
 MEMO_TYPES = MEMO_CONTAINERS  # accepted memo types (tasks/panel/memo_audio.py decodes each upload)

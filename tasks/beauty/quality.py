@@ -2,7 +2,7 @@
 
 The panel server records, per answer, whether it had sent the image's bytes to the judge before
 the answer (``image_loaded``) and the seconds from then to the answer (``seconds_on_screen``;
-tasks/panel/store.py). An answer is flagged (``qc_flag``) when its image was never loaded, or
+tasks/beauty/store.py). An answer is flagged (``qc_flag``) when its image was never loaded, or
 when it came faster than the study's ``quality.min_seconds_on_screen``. Answers without that
 evidence (imported, simulated: null) are not flagged: nothing is known against them. Flagged
 answers are kept; the analysis computes the Beauty Index with and without them.

@@ -3,7 +3,7 @@ lake. One study has one source (import refuses a study whose panel holds answers
 secret salt for judge ids (:func:`study_salt`) is here too: every source hashes labels with it.
 
 The study itself (study.yaml, pre-registration, folder) is loaded by ``tasks.beauty.study``; the
-panel store is ``tasks.panel.store.PanelStore``. Both are imported lazily: nothing here pulls in
+panel store is ``tasks.beauty.store.PanelStore``. Both are imported lazily: nothing here pulls in
 torch, Prefect or GX.
 """
 
@@ -57,7 +57,7 @@ def load_study_context(settings, study_id: str) -> StudyContext:
 def _open_store(ctx: StudyContext):
     """The study's panel store, or None when the study was never opened for the panel app. Read
     only: no database is created, and one other than the study's own is refused (naming both)."""
-    from tasks.panel.store import PanelStore
+    from tasks.beauty.store import PanelStore
 
     store = PanelStore.find(ctx.study_dir, ctx.study_id, ctx.panel_database)
     if store is not None and not store.exists():

@@ -5,7 +5,7 @@ tasks/beauty/panel.py (on the panel shell, tasks/panel/app.py).
 State lives under ``$IMAGEBENCH_HOME/studies/<study_id>/`` (schemas/study.py): ``study.yaml``,
 ``preregistration.json`` (create-once, read-only, pinned in that folder's ``SHA256SUMS``),
 ``images/<opaque id>.jpg`` (the blinded copies), ``panel-store.json`` (which panel database the
-study lives in, written once at open: tasks/panel/db.py) and ``panel.sqlite`` (tasks/panel/store.py,
+study lives in, written once at open: tasks/panel/db.py) and ``panel.sqlite`` (tasks/beauty/store.py,
 unless the study lives in PostgreSQL).
 """
 
@@ -143,7 +143,7 @@ def open_panel_store(settings, study_id: str, *, create: bool = False, missing_o
     """The study's panel store, checked against the database the study was opened in (another one
     is refused, naming both). ``missing_ok``: None when there is none, and nothing is created;
     ``create`` only for ``open``."""
-    from tasks.panel.store import PanelStore
+    from tasks.beauty.store import PanelStore
 
     d, db = study_dir(settings, study_id), getattr(settings, "panel_database", None)
     if missing_ok:

@@ -1,6 +1,6 @@
 """The panel store of a VAB expert study: experts, their queues (two protocols), answers.
 
-Same durability rules as the Beauty Index store (tasks/panel/store.py, whose engine, errors and
+Same durability rules as the Beauty Index store (both on the panel shell's tasks/panel/store.py, whose engine, errors and
 token hashing it reuses): SQLite WAL + ``synchronous=FULL`` + ``BEGIN IMMEDIATE`` by default, or a
 database URL; an answer's primary key is (study, expert, position), so a double click or a retried
 POST records one answer; tokens and session cookies are stored as sha256 only.

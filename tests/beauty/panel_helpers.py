@@ -64,7 +64,7 @@ def open_and_answer(settings, study_id: str, answer: Callable[[str, str, str], b
     (0: never started). ``legacy_seed``: a format-/1 pre-registration (the seed published in the
     plan, as studies opened before issue 16 have) written before the open."""
     from tasks.beauty.study import open_study
-    from tasks.panel.store import PanelStore
+    from tasks.beauty.store import PanelStore
 
     write_definition(settings, study_id, judges)
     opened_at = datetime.now(UTC) - opened_ago

@@ -3,7 +3,7 @@ DuckDB views, `study leaderboard`, the export bundle and the report page.
 
 One real Prefect flow run (module fixture ``published``, answers imported from a CSV) serves the
 lake/leaderboard/export/report tests; the panel-store path (answers, tokens and a consented memo
-recorded through tasks/panel/store.py) runs the same units without a second flow run.
+recorded through tasks/beauty/store.py) runs the same units without a second flow run.
 """
 
 from __future__ import annotations
@@ -224,7 +224,7 @@ def test_panel_answers_flow_to_tables_and_export_without_tokens(tmp_path, monkey
     from tasks.beauty import publish
     from tasks.beauty.sources import collect_answers, load_study_context
     from tasks.beauty.study import memo_key, open_study
-    from tasks.panel.store import PanelStore
+    from tasks.beauty.store import PanelStore
     from tasks.runs.units_ingest import open_configured_store
     from tests.flows.conftest import image_bytes
 

@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from tasks.panel.blind import metadata_markers_in
-from tasks.panel.store import PanelStore
+from tasks.beauty.store import PanelStore
 from tests.panel.conftest import TOOLS, beauty_prompt_ids, open_new_study, serve
 
 from tests.panel.audio import encoded_audio, wav_audio

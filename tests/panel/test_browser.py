@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from tasks.panel.store import PanelStore
+from tasks.beauty.store import PanelStore
 from tests.tasks.report_helpers.browser import chromium_driver, find_browser
 
 FOUND = find_browser()
@@ -157,7 +157,7 @@ def test_two_judges_keyboard_resume_mouse_memo_then_admin(browser, panel_study, 
 def _rows(store: PanelStore, label: str):
     from sqlalchemy import select
 
-    from tasks.panel.store import answers
+    from tasks.beauty.store import answers
 
     with store.engine.connect() as c:
         return [r._mapping for r in c.execute(select(answers).where(answers.c.study_id == store.study_id,

@@ -137,7 +137,7 @@ def test_scripted_judge_that_never_loads_images_is_flagged_and_a_looking_judge_i
 
     from tasks.beauty.quality import NOT_LOADED, flag_answers
     from tasks.beauty.study import open_study, study_dir
-    from tasks.panel.store import PanelStore
+    from tasks.beauty.store import PanelStore
     from tests.panel.conftest import serve, write_study
 
     threshold = 1.0

@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from tasks.panel.store import PanelStore
+from tasks.beauty.store import PanelStore
 from tests.panel.audio import encoded_audio
 from tests.panel.conftest import REPO, TOOLS, beauty_prompt_ids, make_settings, serve, write_study, write_tool_images
 

@@ -13,7 +13,7 @@ import pytest
 from typer.testing import CliRunner
 
 from tasks.panel.db import PanelUrlError, parse_panel_url, public_url
-from tasks.panel.store import PanelStore
+from tasks.beauty.store import PanelStore
 from tests.panel.conftest import REPO, TOOLS, beauty_prompt_ids, serve, write_study, write_tool_images
 
 PASSWORD = "pw-never-shown"

@@ -9,7 +9,8 @@ import httpx
 import pytest
 
 from tasks.panel.app import COOKIES
-from tasks.panel.store import PanelStore, now_us
+from tasks.panel.store import now_us
+from tasks.beauty.store import PanelStore
 from tests.panel.conftest import REPO, TOOLS, beauty_prompt_ids, open_new_study, serve, write_tool_images
 
 
@@ -79,7 +80,7 @@ def test_same_link_twice_keeps_one_session_and_sessions_expire(panel_study, pane
     try:
         from sqlalchemy import func, select
 
-        from tasks.panel.store import sessions
+        from tasks.beauty.store import sessions
 
         with store.engine.connect() as conn:
             n = conn.execute(select(func.count()).select_from(sessions).where(

@@ -81,7 +81,7 @@ def test_a_missing_setting_cannot_open_a_second_panel_of_a_postgres_study(home, 
 
 
 def _answer_one(home: Path, url: str) -> int:
-    from tasks.panel.store import PanelStore
+    from tasks.beauty.store import PanelStore
 
     store = PanelStore.open(home / "studies" / STUDY, database=url)
     try:

@@ -14,7 +14,8 @@ from PIL import Image
 from tasks.beauty.prereg import commitment, read_order_secret
 from tasks.beauty.study import StudyError, judge_order, load_definition, load_study, open_study
 from tasks.panel.blind import BLIND_LONG_SIDE, blind_image, metadata_markers_in
-from tasks.panel.store import PanelStore, StoreUnavailable
+from tasks.panel.store import StoreUnavailable
+from tasks.beauty.store import PanelStore
 from tests.panel.conftest import REPO, TOOLS, beauty_prompt_ids, make_settings, stamped_jpeg, stamped_png, write_study, write_tool_images
 
 
@@ -251,7 +252,8 @@ def test_a_panel_database_from_before_the_qc_columns_is_upgraded_in_place(tmp_pa
         cols = {r[1] for r in sqlite3.connect(db).execute("PRAGMA table_info(panel_answers)")}
         assert "image_served_at" in cols
         assert "image_served_at" in {r[1] for r in sqlite3.connect(db).execute("PRAGMA table_info(panel_queue)")}
-        from tasks.panel.store import add_missing_columns, metadata
+        from tasks.panel.store import add_missing_columns
+        from tasks.beauty.store import metadata
 
         assert add_missing_columns(store.engine, metadata) == []  # once is enough
     finally:
