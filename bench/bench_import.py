@@ -190,9 +190,9 @@ def parquet_floor(scores: Path, verdicts: Path, folder: Path) -> dict:
 def refresh_seconds(env: dict[str, str]) -> float:
     """One catalog refresh of the lake as it is (what each import command ends with)."""
     code = (
-        "import time; from schemas.settings import load_settings; from tasks import work; "
-        "s = load_settings(); suite = work.load_pinned_suite(s); t = time.perf_counter(); "
-        "work.refresh(s, suite); print(time.perf_counter() - t)"
+        "import time; from schemas.settings import load_settings; from tasks.runs import pinned, units_aggregate; "
+        "s = load_settings(); suite = pinned.load_pinned_suite(s); t = time.perf_counter(); "
+        "units_aggregate.refresh(s, suite); print(time.perf_counter() - t)"
     )
     r = run_measured([PY, "-c", code], env).check()
     return float(r.stdout.strip().splitlines()[-1])
