@@ -198,7 +198,7 @@ def old_catalog(lake_dir: Path, new_catalog: Path, path: Path) -> Path:
     catalog/4 held), the same prompts and the same leaderboard SQL: the ratio is the layout's."""
     import duckdb
 
-    from tasks.lake.tables import tables as lake_mod
+    from tasks.lake import tables as lake_mod
 
     path.unlink(missing_ok=True)
     con = duckdb.connect(str(path))
