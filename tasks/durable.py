@@ -45,3 +45,17 @@ def write_parquet_atomic(table: pa.Table, path: Path) -> None:
     with open(tmp, "rb") as fh:
         os.fsync(fh.fileno())
     os.replace(tmp, path)
+
+
+def create_new(path: Path, text: str, mode: int = 0o600) -> bool:
+    """Write ``text`` to ``path`` (fsynced, ``mode``) only if it does not exist yet; False when it
+    did (then nothing is written). A study's secrets are created once this way."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+    except FileExistsError:
+        return False
+    with os.fdopen(fd, "w") as fh:
+        fh.write(text)
+        fh.flush()
+        os.fsync(fh.fileno())
+    return True

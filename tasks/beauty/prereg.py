@@ -17,13 +17,13 @@ Pure functions and small file helpers; no torch, Prefect or GX.
 from __future__ import annotations
 
 import hashlib
-import os
 import secrets
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
 from schemas.study import PreRegistration
+from tasks.durable import create_new
 
 ORDER_SECRET_FILE = "order-secret"
 
@@ -36,15 +36,9 @@ def create_order_secret(study_dir: Path) -> str:
     """A new order secret written once (0600). An existing one (an open that crashed before its
     pre-registration was written) is reused."""
     path = Path(study_dir) / ORDER_SECRET_FILE
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    except FileExistsError:
-        return read_order_secret(study_dir)
     secret = secrets.token_hex(32)
-    with os.fdopen(fd, "w") as fh:
-        fh.write(secret + "\n")
-        fh.flush()
-        os.fsync(fh.fileno())
+    if not create_new(path, secret + "\n"):
+        return read_order_secret(study_dir)
     return secret
 
 

@@ -9,7 +9,6 @@ torch, Prefect or GX.
 
 from __future__ import annotations
 
-import os
 import secrets
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +17,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from schemas.study import PreRegistration, StudyDefinition
+from tasks.durable import create_new
 
 SALT_FILE = "judge-salt"  # in the study folder; never exported, never logged
 
@@ -69,18 +69,12 @@ def _open_store(ctx: StudyContext):
 def study_salt(study_dir: Path) -> str:
     """The study's secret salt for judge ids, created once (0600) on first use."""
     path = Path(study_dir) / SALT_FILE
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    except FileExistsError:
-        salt = path.read_text().strip()
-        if len(salt) < 32:
-            raise ValueError(f"{path}: judge salt is shorter than 32 characters (corrupt?)") from None
-        return salt
     salt = secrets.token_hex(32)
-    with os.fdopen(fd, "w") as fh:
-        fh.write(salt + "\n")
-        fh.flush()
-        os.fsync(fh.fileno())
+    if create_new(path, salt + "\n"):
+        return salt
+    salt = path.read_text().strip()
+    if len(salt) < 32:
+        raise ValueError(f"{path}: judge salt is shorter than 32 characters (corrupt?)") from None
     return salt
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import secrets
 from collections.abc import Sequence
-from datetime import UTC, datetime
+from datetime import datetime
 from pathlib import Path
 
 import pyarrow as pa
@@ -101,6 +101,7 @@ identity_table(metadata)  # panel_store: the database's random id (tasks/panel/d
 class PanelStore(SqlStore):
     """One study's rows in a panel database. Open with :meth:`open`."""
 
+    STUDIES = studies
     SESSIONS = sessions
     METADATA = metadata
 
@@ -145,18 +146,6 @@ class PanelStore(SqlStore):
                                            for label, ids in queues.items() for i, img in enumerate(ids)])
         except IntegrityError as exc:
             raise PanelError(f"study {sid} already exists in the panel database") from exc
-
-    def study_row(self) -> dict | None:
-        with self._tx() as c:
-            row = c.execute(select(studies).where(studies.c.study_id == self.study_id)).mappings().first()
-        return dict(row) if row else None
-
-    def close(self, when: datetime | None = None) -> bool:
-        """Close the study (False when it was already closed). A closed study accepts nothing."""
-        with self._tx() as c:
-            n = c.execute(studies.update().where(studies.c.study_id == self.study_id, studies.c.state == "open")
-                          .values(state="closed", closed_at=to_us(when or datetime.now(UTC)))).rowcount
-        return n == 1
 
     def _require_open(self, c) -> dict:
         row = c.execute(select(studies).where(studies.c.study_id == self.study_id)).mappings().first()

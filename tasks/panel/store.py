@@ -105,9 +105,11 @@ class NextItem:
 
 class SqlStore:
     """One study's rows in a panel database (the Beauty Index's and VAB's share the mechanics):
-    an engine from :func:`open_engine`, write transactions that name a failure, and the browser
-    sessions of ``SESSIONS`` (a table with session_sha256, study_id, role, label, created_at)."""
+    an engine from :func:`open_engine`, write transactions that name a failure, the study's row of
+    ``STUDIES`` (a table with study_id, state "open"/"closed", closed_at) and the browser sessions of
+    ``SESSIONS`` (a table with session_sha256, study_id, role, label, created_at)."""
 
+    STUDIES: Table  # each protocol's studies table
     SESSIONS: Table  # each protocol's sessions table
     METADATA: MetaData  # each protocol's tables
     KIND = "study"  # how messages name a study of this protocol
@@ -121,6 +123,19 @@ class SqlStore:
             if not self.store_id:
                 raise PanelError("this store was not opened for a study (PanelStore.open(study_dir, create=True))")
             self.record = write_record(Path(study_dir), self.engine.url, self.store_id)
+
+    def study_row(self) -> dict | None:
+        with self._tx() as c:
+            row = c.execute(select(self.STUDIES).where(self.STUDIES.c.study_id == self.study_id)).mappings().first()
+        return dict(row) if row else None
+
+    def close(self, when: datetime | None = None) -> bool:
+        """Close the study (False when it was already closed). A closed study accepts nothing."""
+        studies = self.STUDIES
+        with self._tx() as c:
+            n = c.execute(studies.update().where(studies.c.study_id == self.study_id, studies.c.state == "open")
+                          .values(state="closed", closed_at=to_us(when or datetime.now(UTC)))).rowcount
+        return n == 1
 
     @classmethod
     def find(cls, study_dir: str | os.PathLike[str], study_id: str | None = None, database: str | None = None,

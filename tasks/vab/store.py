@@ -17,7 +17,7 @@ import os
 import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 
 from sqlalchemy import BigInteger, Column, Integer, MetaData, String, Table, func, select
 from sqlalchemy.exc import IntegrityError
@@ -130,8 +130,8 @@ def parse_order(text: str) -> tuple[int, ...]:
 class VabPanelStore(SqlStore):
     """One VAB study's rows in a panel database."""
 
+    STUDIES = vstudies
     SESSIONS = vsessions
-
     METADATA = metadata
     KIND = "VAB study"
 
@@ -168,17 +168,6 @@ class VabPanelStore(SqlStore):
 
     def exists(self) -> bool:
         return self.study_row() is not None
-
-    def study_row(self) -> dict | None:
-        with self._tx() as c:
-            row = c.execute(select(vstudies).where(vstudies.c.study_id == self.study_id)).mappings().first()
-        return dict(row) if row else None
-
-    def close(self, when: datetime | None = None) -> bool:
-        with self._tx() as c:
-            n = c.execute(vstudies.update().where(vstudies.c.study_id == self.study_id, vstudies.c.state == "open")
-                          .values(state="closed", closed_at=to_us(when or datetime.now(UTC)))).rowcount
-        return n == 1
 
     def _require_open(self, c) -> None:
         row = c.execute(select(vstudies.c.state).where(vstudies.c.study_id == self.study_id)).first()
