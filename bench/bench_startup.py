@@ -43,6 +43,7 @@ from common import PY, SRC, TinyModel, Workspace, run_measured, suite_prompts
 from harness import Context, Report, Spread, round_order, summary_row
 
 SETTLE_S = 10.0  # after stopping a server: its Prefect API shuts down gracefully
+FIRST_REPS = 9  # a bound of a few percent needs more pairs than the other ratios
 SMALL = 24  # images of the small model: EPS-eligible prompts, so each goes through HPSv3
 IMAGE_SIDE = 64
 
@@ -89,6 +90,7 @@ def _spread(values: list[float]) -> dict:
 
 def run(work: Path, quick: bool, log, tiny: TinyModel, ref_ws: Workspace, baseline_src: Path | None) -> dict:
     reps = 2 if quick else 3
+    first_reps = 2 if quick else FIRST_REPS  # rounds of the first command against a cold one
     big_reps = 1 if quick else reps  # the 192-image commands only serve the intercept
     all_ids, eligible, _ = suite_prompts()
     small_ids = eligible[:SMALL]
@@ -102,8 +104,13 @@ def run(work: Path, quick: bool, log, tiny: TinyModel, ref_ws: Workspace, baseli
             if r < big_reps:
                 ws.put_model(f"b{r}", all_ids, seed=200 + r, side=IMAGE_SIDE)
             if m == "warm":
-                ws.put_model(f"first{r}", small_ids, seed=300 + r, side=IMAGE_SIDE)
                 ws.put_model(f"own{r}", small_ids, seed=400 + r, side=IMAGE_SIDE)
+        if m == "cold":  # the extra rounds' cold commands
+            for r in range(reps, first_reps):
+                ws.put_model(f"s{r}", small_ids, seed=100 + r, side=IMAGE_SIDE)
+        if m == "warm":
+            for r in range(first_reps):
+                ws.put_model(f"first{r}", small_ids, seed=300 + r, side=IMAGE_SIDE)
     warm_env = _env(spaces["warm"], SRC, True)
     _warm(SRC, warm_env, "stop")
     times: dict[str, dict[str, list[float]]] = {m: {"small": [], "big": []} for m in [*modes, "first", "own-api"]}
@@ -119,16 +126,33 @@ def run(work: Path, quick: bool, log, tiny: TinyModel, ref_ws: Workspace, baseli
             others.append(res.others)
         log(f"{m:8s} {size:5s} {model}: {res.wall_s:.1f}s")
 
+    def quiet() -> None:
+        """A new day: no server (the stopped one's Prefect API ends within seconds: let it)."""
+        _warm(SRC, warm_env, "stop")
+        time.sleep(SETTLE_S)
+
+    def first_and_cold(r: int, with_server: bool) -> None:
+        """The first command of a session and a cold one, each on a quiet machine with no server of
+        ours, in alternating order (the cold one's run never follows the other's teardown in every
+        round). Leaves the server of the first command running when ``with_server``."""
+        for m in round_order(["cold", "first"], r, "alternate"):
+            quiet()
+            if m == "cold":
+                measure("cold", "small", f"s{r}", _env(spaces["cold"], SRC, False), SRC)
+            else:
+                measure("first", "small", f"first{r}", warm_env, SRC)
+                ready_s.append(_wait_ready(SRC, warm_env))
+        if with_server and not (_warm(SRC, warm_env, "ping") or {}).get("pid"):
+            # the cold one ran last, after the server was stopped: start it again, untimed
+            spaces["warm"].put_model(f"restart{r}", small_ids[:1], seed=80 + r, side=IMAGE_SIDE)
+            again = run_measured(_cmd(SRC, ["score", "--model", f"restart{r}"]), warm_env, cwd=SRC)
+            if again.rc != 0:
+                raise RuntimeError(f"restarting score failed:\n{again.stderr[-3000:]}")
+            _wait_ready(SRC, warm_env)
+
     try:
         for r in range(reps):
-            # A new day: no server (the stopped one's Prefect API ends within seconds: let it). The
-            # cold command and the first one of the session right after it, with nothing else of ours
-            # running; the first command starts the server as it ends.
-            _warm(SRC, warm_env, "stop")
-            time.sleep(SETTLE_S)
-            measure("cold", "small", f"s{r}", _env(spaces["cold"], SRC, False), SRC)
-            measure("first", "small", f"first{r}", warm_env, SRC)
-            ready_s.append(_wait_ready(SRC, warm_env))
+            first_and_cold(r, with_server=True)
             # The workspace's Prefect API, started by the first warm command of this server: untimed.
             spaces["warm"].put_model(f"api-up{r}", small_ids[:1], seed=90 + r, side=IMAGE_SIDE)
             up = run_measured(_cmd(SRC, ["score", "--model", f"api-up{r}"]), warm_env, cwd=SRC)
@@ -144,13 +168,15 @@ def run(work: Path, quick: bool, log, tiny: TinyModel, ref_ws: Workspace, baseli
                     src, warm = modes[m]
                     measure(m, "big", f"b{r}", _env(spaces[m], src, warm), src)
             measure("own-api", "small", f"own{r}", {**warm_env, "IMAGEBENCH_WARM_KEEP_API": "off"}, SRC)
+        for r in range(reps, first_reps):  # more pairs: the first command's bound is a few percent
+            first_and_cold(r, with_server=False)
     finally:
         _warm(SRC, warm_env, "stop")
-    out: dict = {"quick": quick, "reps": reps, "big_reps": big_reps, "small_images": SMALL, "big_images": len(all_ids),
+    out: dict = {"quick": quick, "reps": reps, "first_reps": first_reps, "big_reps": big_reps, "small_images": SMALL, "big_images": len(all_ids),
                  "server_ready_after_first_s": _spread(ready_s),
                  "others_cpu_max": max(others) if others else None, "modes": {}, "ratios": {}}
     for m in modes:
-        t_s, t_b = min(times[m]["small"]), min(times[m]["big"])
+        t_s, t_b = min(times[m]["small"][:reps]), min(times[m]["big"])  # the same rounds for every mode
         per_image = (t_b - t_s) / (len(all_ids) - SMALL)
         out["modes"][m] = {"t_small": t_s, "t_big": t_b, "per_image_s": per_image, "fixed_s": t_s - SMALL * per_image,
                            "all": times[m]}
@@ -158,7 +184,7 @@ def run(work: Path, quick: bool, log, tiny: TinyModel, ref_ws: Workspace, baseli
     for m, v in out["modes"].items():
         v["fixed_ratio"] = v["fixed_s"] / base["fixed_s"] if base["fixed_s"] > 0 else None
     cold = times["cold"]["small"]
-    for m in ("first", "warm", "own-api"):
+    for m in ("first", "warm", "own-api"):  # zip: warm and own-api against the first rounds' cold ones
         out["ratios"][m] = {**_spread([t / c for t, c in zip(times[m]["small"], cold)]), "seconds": times[m]["small"]}
     out["ratios"]["api_share"] = _spread([(o - w) / c for o, w, c in zip(times["own-api"]["small"], times["warm"]["small"], cold)])
     out["cold_small_s"] = cold
@@ -192,9 +218,11 @@ def markdown(res: dict) -> list[str]:
     cold = res["cold_small_s"]
     lines += [
         "",
-        f"Each command of {res['small_images']} images against the cold one of the same repetition (run just before "
-        "the first command, no server of ours running) "
-        f"(cold: {', '.join(f'{t:.1f}' for t in cold)} s); median (range) over {len(cold)} repetitions:",
+        f"Each command of {res['small_images']} images against the cold one of the same repetition "
+        f"(cold: {', '.join(f'{t:.1f}' for t in cold)} s); median (range) over the repetitions. The first "
+        f"command and the cold one run in alternating order, each after the server was stopped and "
+        f"{SETTLE_S:.0f} s of quiet, in {res.get('first_reps', len(cold))} repetitions (the bound on the first "
+        f"command is a few percent); the others in the first {res['reps']}:",
         "",
         "| command | seconds | / cold |",
         "|---|---|---|",
@@ -208,8 +236,9 @@ def markdown(res: dict) -> list[str]:
         "",
         f"After the first command, the server was ready {res['server_ready_after_first_s']['median']:.1f} s later "
         f"(median; {res['server_ready_after_first_s']['min']:.1f}-{res['server_ready_after_first_s']['max']:.1f}): it "
-        "starts as the first command ends (a command meanwhile runs cold) and imports at nice 10. Started beside "
-        "the first command instead, its imports made that command 1.25x-1.9x a cold one here (two runs under load). "
+        "starts once the first command's process has ended (a command meanwhile runs cold) and imports at nice 10. "
+        "Started beside the first command instead, its imports made that command 1.25x-1.9x a cold one here (two "
+        "runs under load); started as the command ended but before its process had, 0.92x-1.07x (three rounds). "
         "The first warm command of a workspace also starts that workspace's Prefect API (untimed here); the "
         "following ones fork from the server and reuse the API.",
     ]

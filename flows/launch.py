@@ -3,8 +3,9 @@ rest in this process.
 
 Imports here are the standard library only: deciding costs a few milliseconds, and `sql` or
 `leaderboard` go straight to flows.cli as before. A command never waits for a server to start:
-when none is ready for its environment, it runs cold and starts one as it ends (started beside it,
-the server's imports took CPU from the command on a 2-core machine: bench (f)).
+when none is ready for its environment, it runs cold and starts one as it ends, which begins only
+once this process has ended (started beside it, the server's imports took CPU from the command
+on a 2-core machine: bench (f)).
 """
 
 from __future__ import annotations
@@ -59,7 +60,8 @@ def _starting(lock) -> bool:
 
 def _start_server(key: str, env: dict[str, str]) -> None:
     """Detached (own session, stdio to its log), so it outlives this command and no terminal
-    signal reaches it; it exits when idle. One starter per key: the lock file names the process
+    signal reaches it; it exits when idle. It waits for this process to end before it imports
+    anything (flows/warm_server.py --after), so it never competes with this command's end. One starter per key: the lock file names the process
     on its way (the server removes it when ready)."""
     lock = warm.runtime_dir() / f"warm-{key}.starting"
     try:
@@ -74,7 +76,7 @@ def _start_server(key: str, env: dict[str, str]) -> None:
         logf = os.open(warm.log_path(key), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         try:
             proc = subprocess.Popen(  # noqa: S603 - our own module, our interpreter
-                [sys.executable, "-m", "flows.warm_server", key],
+                [sys.executable, "-m", "flows.warm_server", key, "--after", str(os.getpid())],
                 env=env, cwd=str(warm.code_root()), stdin=subprocess.DEVNULL, stdout=logf, stderr=logf,
                 start_new_session=True, close_fds=True,
             )

@@ -12,6 +12,7 @@ import contextlib
 import json
 import logging
 import os
+import select
 import selectors
 import signal
 import socket
@@ -485,12 +486,48 @@ def serve(key: str) -> int:
     return 0
 
 
+AFTER_WAIT_S = 60.0  # a starter still tearing down after this long is not waited for any longer
+
+
+def wait_for_exit(pid: int, timeout_s: float) -> bool:
+    """Whether process `pid` ended within `timeout_s` (a pidfd where Linux has one: woken at the
+    exit itself, reaped or not; else polled)."""
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return True
+    except (AttributeError, OSError):
+        fd = None
+    if fd is not None:
+        try:
+            return bool(select.select([fd], [], [], timeout_s)[0])
+        finally:
+            os.close(fd)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        except PermissionError:
+            pass
+        time.sleep(0.02)
+    return False
+
+
 def main(argv: list[str]) -> int:
-    if len(argv) != 1:
-        raise SystemExit("usage: python -m flows.warm_server KEY")
-    _subreaper_keeper()
+    if len(argv) not in (1, 3) or (len(argv) == 3 and argv[1] != "--after"):
+        raise SystemExit("usage: python -m flows.warm_server KEY [--after PID]")
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
     log.setLevel(logging.INFO)
+    if len(argv) == 3:
+        # Started by a command that ran cold (flows/launch.py): its user gets the prompt back before
+        # this server takes any CPU, disk or memory, so the first command costs what a cold one does.
+        pid = int(argv[2])
+        ended = wait_for_exit(pid, AFTER_WAIT_S)
+        log.info("starting at %.6f: process %d %s", time.time(), pid,
+                 "ended" if ended else f"still running after {AFTER_WAIT_S:.0f} s")
+    _subreaper_keeper()
     code = serve(argv[0])
     logging.shutdown()
     os._exit(code)  # tearing down a process that imported torch, Prefect and GX takes seconds: skip it

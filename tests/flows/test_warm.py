@@ -277,6 +277,8 @@ def test_first_command_runs_cold_then_warm_equals_cold(shared):
     assert done >= 4  # the cold, first and both warm commands' flow runs, in this workspace's database
     log = warm.log_path(key).read_text()
     assert log.count("Prefect API for") == 1, log[-2000:]  # started by the first warm command, reused
+    # the server began only once the first command's process had ended (tests/flows/test_warm_after.py)
+    assert re.search(r"starting at [\d.]+: process \d+ ended\n", log), log[:2000]
 
     api = _warm_api(home, env)
     secret = (home / "prefect" / "api-auth").read_text().strip()
