@@ -409,7 +409,13 @@ def precheck(settings: Settings, model: str | None = None, objects: bool = False
 
 # What the scoring flows (score, nightly, backfill, reference build) import on their way: Great
 # Expectations (validation, the reference check) and the HPSv3 scorer (torch, transformers).
-SCORING_PRELOAD = ("great_expectations", "tasks.hpsv3.scorer")
+VALIDATION_PRELOAD = ("great_expectations",)
+SCORING_PRELOAD = (*VALIDATION_PRELOAD, "tasks.hpsv3.scorer")
+
+
+def scoring_preload(scorer_given: bool) -> tuple[str, ...]:
+    """A command handed an already loaded scorer (tests, the warm server's child) needs no torch import."""
+    return VALIDATION_PRELOAD if scorer_given else SCORING_PRELOAD
 
 
 def prepare_prefect(settings: Settings, quiet: bool = True, preload: Sequence[str] = ()) -> None:

@@ -9,7 +9,7 @@ from typing import Annotated, Optional
 import typer
 
 from flows.cli.common import (
-    SCORING_PRELOAD, OutputFormat, cli_settings, err, prepare_prefect, print_rows, progress, user_errors, warn_uncalibrated,
+    OutputFormat, cli_settings, err, prepare_prefect, print_rows, progress, scoring_preload, user_errors, warn_uncalibrated,
 )
 
 reference_app = typer.Typer(help="Build or verify the frozen EPS reference.", no_args_is_help=True)
@@ -27,7 +27,7 @@ def reference_build(
         from tasks.store.adhoc import read_baseline
 
         models = read_baseline(baseline)
-        prepare_prefect(settings, preload=SCORING_PRELOAD if scorer is None else SCORING_PRELOAD[:1])
+        prepare_prefect(settings, preload=scoring_preload(scorer is not None))
         from flows.pipeline import reference_build_flow
 
         with progress():

@@ -20,7 +20,7 @@ import typer
 
 from flows.cli.common import (
     SCORING_PRELOAD, CliError, OutputFormat, catalog_or_exit, cli_settings, err, precheck, prepare_prefect, print_quarantine, print_rows,
-    progress, render, user_errors, warn_uncalibrated,
+    progress, render, scoring_preload, user_errors, warn_uncalibrated,
 )
 from schemas.settings import Settings
 
@@ -56,7 +56,7 @@ def score(
     with user_errors():
         settings = cli_settings()
         precheck(settings, model, objects=scorer is None)
-        prepare_prefect(settings, preload=SCORING_PRELOAD if scorer is None else SCORING_PRELOAD[:1])
+        prepare_prefect(settings, preload=scoring_preload(scorer is not None))
         from flows.pipeline import score_model_flow
 
         with progress():

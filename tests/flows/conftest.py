@@ -5,6 +5,8 @@ from __future__ import annotations
 import io
 import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -52,6 +54,15 @@ def _suite_ids() -> list[str]:
 PROMPT_IDS = _suite_ids()
 
 
+def cli_process(args: list[str], env: dict[str, str], timeout: float = 300) -> subprocess.CompletedProcess:
+    """`python -m flows.cli ARGS` in its own process; wide columns so that Rich never folds a
+    line (a folded secret would slip past a substring scan)."""
+    return subprocess.run(
+        [sys.executable, "-m", "flows.cli", *args], cwd=REPO, env={**env, "COLUMNS": "10000"},
+        capture_output=True, text=True, timeout=timeout,
+    )
+
+
 def image_bytes(seed: int, side: int = 96, fmt: str = "PNG") -> bytes:
     """A small deterministic image: a smooth colour field plus seeded noise."""
     rng = np.random.default_rng(seed)
@@ -76,7 +87,7 @@ def use_workspace(
 ) -> Path:
     """Point IMAGEBENCH_* at ``root/home`` and ``root/reference`` (the suite and routing copied
     and pinned, or a copy of ``reference_from``, an already built reference dir)."""
-    from tasks.runs import pinned, units_aggregate
+    from tasks.runs import pinned
     from tasks.scores.golden import copy_golden_set
     from tasks.scores.reference import pin_suite
 

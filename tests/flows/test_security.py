@@ -16,8 +16,6 @@ import json
 import logging
 import os
 import secrets
-import subprocess
-import sys
 import traceback
 from pathlib import Path
 from urllib.parse import quote
@@ -26,7 +24,7 @@ import duckdb
 import pytest
 
 from tests.fake_openai import FakeOpenAI, Reply, free_port
-from tests.flows.conftest import REPO, image_bytes, put_model
+from tests.flows.conftest import cli_process, image_bytes, put_model
 
 # --------------------------------------------------------------------------------------------
 # Distinctive secrets, fresh per run (so nothing left over from an earlier run can match).
@@ -278,15 +276,6 @@ def _judges_yaml(path: Path, qwen_url: str, gemma_url: str) -> Path:
     return path
 
 
-def _cli(args: list[str], env: dict[str, str], timeout: float = 300) -> subprocess.CompletedProcess:
-    """`python -m flows.cli ARGS` in its own process; wide columns so that Rich never folds a
-    line (a folded secret would slip past a substring scan)."""
-    return subprocess.run(
-        [sys.executable, "-m", "flows.cli", *args], cwd=REPO, env={**env, "COLUMNS": "10000"},
-        capture_output=True, text=True, timeout=timeout,
-    )
-
-
 def _prefect_records(scan: Scan) -> None:
     """Everything the Prefect API kept: flow runs (parameters, states), task runs, logs,
     artifacts, and the raw bytes of its database (events included)."""
@@ -434,14 +423,14 @@ def test_credentials_never_leak(prefect_harness, workspace, secret_s3, monkeypat
             "PREFECT_LOGGING_ROOT_LEVEL": "DEBUG",
         })
         outputs = {
-            "score": _cli(["score", "--model", "leaky-cli", "--format", "json"], env),
-            "judges check": _cli(["judges", "check"], env),
-            "ingest (wrong secret, IMAGEBENCH_DEBUG=1)": _cli(
+            "score": cli_process(["score", "--model", "leaky-cli", "--format", "json"], env),
+            "judges check": cli_process(["judges", "check"], env),
+            "ingest (wrong secret, IMAGEBENCH_DEBUG=1)": cli_process(
                 ["ingest", "--model", "leaky-cli"], {**env, "AWS_SECRET_ACCESS_KEY": WRONG_AWS_SECRET, "IMAGEBENCH_DEBUG": "1"}
             ),
-            "ingest (unknown key id)": _cli(["ingest", "--model", "leaky-cli"], {**env, "AWS_ACCESS_KEY_ID": WRONG_AWS_KEY_ID}),
-            "sql": _cli(["sql", "SELECT * FROM judge_calls", "--format", "json"], env),
-            "report": _cli(["report", "--out", str(workspace / "report")], env),
+            "ingest (unknown key id)": cli_process(["ingest", "--model", "leaky-cli"], {**env, "AWS_ACCESS_KEY_ID": WRONG_AWS_KEY_ID}),
+            "sql": cli_process(["sql", "SELECT * FROM judge_calls", "--format", "json"], env),
+            "report": cli_process(["report", "--out", str(workspace / "report")], env),
         }
     assert outputs["score"].returncode == 0, outputs["score"].stderr[-3000:]
     assert outputs["ingest (wrong secret, IMAGEBENCH_DEBUG=1)"].returncode != 0

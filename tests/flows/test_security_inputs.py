@@ -19,8 +19,7 @@ from pathlib import Path
 import pytest
 
 from tests.fake_openai import free_port
-from tests.flows.conftest import REPO, image_bytes
-from tests.flows.test_security import _cli
+from tests.flows.conftest import REPO, cli_process, image_bytes
 
 # --------------------------------------------------------------------------------------------
 # 2. `imagebench sql` cannot write, attach or read outside the lake
@@ -184,9 +183,9 @@ def test_sql_cli_cannot_write_attach_or_read_outside(sql_catalog):
     assert not ran, "\n".join(ran)
     assert not any("OUTSIDE" in output for _, output in results.values()), "a file outside the lake was read"
     # and the real thing, once: `python -m flows.cli sql ...` in its own process
-    ok = _cli(["sql", "SELECT count(*) AS n FROM hps_scores", "--format", "csv"], env, timeout=120)
+    ok = cli_process(["sql", "SELECT count(*) AS n FROM hps_scores", "--format", "csv"], env, timeout=120)
     assert ok.returncode == 0 and ok.stdout.split() == ["n", "2"], ok.stderr
-    bad = _cli(["sql", f"SELECT 1; COPY (SELECT 1) TO '{outside / 'cli.csv'}'"], env, timeout=120)
+    bad = cli_process(["sql", f"SELECT 1; COPY (SELECT 1) TO '{outside / 'cli.csv'}'"], env, timeout=120)
     assert bad.returncode == 1 and "read-only" in bad.stderr
     _assert_nothing_written(home, outside, before, catalog_bytes, catalog)
 
@@ -464,7 +463,7 @@ def test_pickle_checkpoint_is_refused_and_never_unpickled(tiny_model, tmp_path, 
             assert str(ckpt) in str(info.value) and "safetensors is required" in str(info.value)
         # the CLI in its own process, with the checkpoint given by the environment variable
         env = {**{k: v for k, v in os.environ.items() if not k.startswith("PYTEST")}}
-        r = _cli(["hpsv3", "--pairs", str(pairs)], env, timeout=300)
+        r = cli_process(["hpsv3", "--pairs", str(pairs)], env, timeout=300)
         assert r.returncode == 1, r.stdout + r.stderr
         assert str(ckpt.name) in r.stderr and "safetensors is required" in r.stderr, r.stderr
         assert not marker.exists(), f"the pickle in {ckpt} was executed"
