@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import statistics
 import subprocess
 import sys
 import time
@@ -82,6 +83,41 @@ def _wait_ready(src: Path, env: dict[str, str], timeout_s: float = 600.0) -> flo
             raise RuntimeError(f"warm server not ready in {timeout_s:.0f} s")
         time.sleep(0.2)
     return time.perf_counter() - t0
+
+
+# What the first command does beyond a cold one, timed in a process that has imported what a cold
+# `score` has when it ends: the server's key (the code's digest) and starting the server's process
+# (which waits for this one to end, flows/warm_server.py --after: killed here before it would).
+_LAUNCH_PROBE = r"""
+import json, os, signal, sys, time
+import flows.cli, flows.pipeline, tasks.hpsv3.scorer
+from flows import launch, warm
+env = dict(os.environ)
+out = {"key_s": [], "start_s": []}
+for _ in range(int(sys.argv[1])):
+    t0 = time.perf_counter()
+    key = warm.server_key(env)
+    t1 = time.perf_counter()
+    launch._start_server(key, env)
+    t2 = time.perf_counter()
+    out["key_s"].append(t1 - t0)
+    out["start_s"].append(t2 - t1)
+    lock = warm.runtime_dir() / f"warm-{key}.starting"
+    pid = int(lock.read_text())
+    os.killpg(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+    lock.unlink()
+print(json.dumps(out))
+"""
+
+
+def _launcher_extra(env: dict[str, str], work: Path, n: int = 20) -> dict:
+    probe_tmp = work / "probe-tmp"  # a warm-server directory of its own: no real server is touched
+    probe_tmp.mkdir(exist_ok=True)
+    out = subprocess.run([PY, "-c", _LAUNCH_PROBE, str(n)], env={**env, "TMPDIR": str(probe_tmp)}, cwd=SRC,
+                         capture_output=True, text=True, check=True, timeout=600)
+    res = json.loads(out.stdout.strip().splitlines()[-1])
+    return {k: _spread(v) for k, v in res.items()}
 
 
 def _spread(values: list[float]) -> dict:
@@ -170,10 +206,11 @@ def run(work: Path, quick: bool, log, tiny: TinyModel, ref_ws: Workspace, baseli
             measure("own-api", "small", f"own{r}", {**warm_env, "IMAGEBENCH_WARM_KEEP_API": "off"}, SRC)
         for r in range(reps, first_reps):  # more pairs: the first command's bound is a few percent
             first_and_cold(r, with_server=False)
+        launcher = _launcher_extra(warm_env, work)
     finally:
         _warm(SRC, warm_env, "stop")
     out: dict = {"quick": quick, "reps": reps, "first_reps": first_reps, "big_reps": big_reps, "small_images": SMALL, "big_images": len(all_ids),
-                 "server_ready_after_first_s": _spread(ready_s),
+                 "server_ready_after_first_s": _spread(ready_s), "launcher_extra": launcher,
                  "others_cpu_max": max(others) if others else None, "modes": {}, "ratios": {}}
     for m in modes:
         t_s, t_b = min(times[m]["small"][:reps]), min(times[m]["big"])  # the same rounds for every mode
@@ -234,6 +271,20 @@ def markdown(res: dict) -> list[str]:
         f"{', '.join(f'{t:.1f}' for t in r['own-api']['seconds'])} | {_ratio(r['own-api'])} |",
         f"| share due to the long-lived Prefect API: (own API - following) / cold | | {_ratio(r['api_share'])} |",
         "",
+    ]
+    if res.get("launcher_extra"):
+        ex = res["launcher_extra"]
+        extra_s = ex["key_s"]["median"] + ex["start_s"]["median"]
+        lines += [
+            f"What the first command does beyond a cold one, timed alone ({ex['key_s']['n']} times, in a process "
+            f"holding what a cold `score` has imported when it ends): the server's key {1000 * ex['key_s']['median']:.1f} ms "
+            f"and starting the server's process {1000 * ex['start_s']['median']:.1f} ms (medians), "
+            f"**{extra_s / statistics.median(cold):.2%}** of a cold command. The server then waits for the first "
+            "command's process to end before it does anything, so that is all the first command pays; the spread "
+            "of the ratio above is the machine's noise between two runs of the same cold work.",
+            "",
+        ]
+    lines += [
         f"After the first command, the server was ready {res['server_ready_after_first_s']['median']:.1f} s later "
         f"(median; {res['server_ready_after_first_s']['min']:.1f}-{res['server_ready_after_first_s']['max']:.1f}): it "
         "starts once the first command's process has ended (a command meanwhile runs cold) and imports at nice 10. "
