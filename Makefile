@@ -43,8 +43,11 @@ $(STAMP): requirements.lock pyproject.toml
 demo: setup
 	$(VENV)/bin/imagebench demo
 
+# Two pytest workers (pytest-xdist), a test file each at a time: most tests wait on processes of
+# their own (servers, commands), so two share 2 cores well. TEST_WORKERS=0 runs them in this process.
+TEST_WORKERS ?= 2
 test: setup
-	$(VENV)/bin/pytest -q
+	$(VENV)/bin/pytest -q $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
 
 # The tests that compare numbers produced by torch, again on the kernels every x86-64 CPU has and one
 # thread (.ci/run): a test that only holds on the developer's CPU (MKL picks AMX, AVX-512 or AVX2 by

@@ -18,7 +18,10 @@ Modes, interleaved in every repetition so a busy machine slows all of them alike
 And, on the small model only, each as a ratio against the cold command of the same repetition:
 
 - **first**: no server running (a new day, after a reboot): the command runs cold and starts the
-  server as it ends. The server is then waited for, untimed.
+  server as it ends. The server is then waited for, untimed. Compared with a cold command of its
+  own pair (one workspace for both, the two in alternating order, each after a stop and quiet),
+  in ``FIRST_REPS`` repetitions; and what it does beyond that cold command (the server's key,
+  starting its process) is timed alone.
 - **warm, own API**: ``IMAGEBENCH_WARM_KEEP_API=off``: forked from the warm server, but starting
   its own Prefect API as a cold command does. (own API - warm) / cold is the share of the saving
   due to the long-lived Prefect API.
@@ -134,6 +137,12 @@ def run(work: Path, quick: bool, log, tiny: TinyModel, ref_ws: Workspace, baseli
     if baseline_src is not None:
         modes = {"before": (baseline_src.resolve(), False), **modes}
     spaces = {m: Workspace.create(work / f"ws-{m}", tiny, reference_from=ref_ws) for m in modes}
+    # The first command and the cold one it is compared with score in one workspace of their own, in
+    # turn: each sees the same lake (one model apart), not the warm one's, which grows faster.
+    pair = Workspace.create(work / "ws-pair", tiny, reference_from=ref_ws)
+    for r in range(first_reps):
+        pair.put_model(f"first{r}", small_ids, seed=300 + r, side=IMAGE_SIDE)
+        pair.put_model(f"pc{r}", small_ids, seed=500 + r, side=IMAGE_SIDE)
     for m, ws in spaces.items():
         for r in range(reps):
             ws.put_model(f"s{r}", small_ids, seed=100 + r, side=IMAGE_SIDE)
@@ -141,15 +150,9 @@ def run(work: Path, quick: bool, log, tiny: TinyModel, ref_ws: Workspace, baseli
                 ws.put_model(f"b{r}", all_ids, seed=200 + r, side=IMAGE_SIDE)
             if m == "warm":
                 ws.put_model(f"own{r}", small_ids, seed=400 + r, side=IMAGE_SIDE)
-        if m == "cold":  # the extra rounds' cold commands
-            for r in range(reps, first_reps):
-                ws.put_model(f"s{r}", small_ids, seed=100 + r, side=IMAGE_SIDE)
-        if m == "warm":
-            for r in range(first_reps):
-                ws.put_model(f"first{r}", small_ids, seed=300 + r, side=IMAGE_SIDE)
     warm_env = _env(spaces["warm"], SRC, True)
     _warm(SRC, warm_env, "stop")
-    times: dict[str, dict[str, list[float]]] = {m: {"small": [], "big": []} for m in [*modes, "first", "own-api"]}
+    times: dict[str, dict[str, list[float]]] = {m: {"small": [], "big": []} for m in [*modes, "first", "pair-cold", "own-api"]}
     ready_s: list[float] = []
     others: list[float] = []
 
@@ -158,7 +161,7 @@ def run(work: Path, quick: bool, log, tiny: TinyModel, ref_ws: Workspace, baseli
         if res.rc != 0:
             raise RuntimeError(f"{m} score {model} failed:\n{res.stderr[-3000:]}")
         times[m][size].append(res.wall_s)
-        if env.get("IMAGEBENCH_WARM") == "off" or m == "first":
+        if env.get("IMAGEBENCH_WARM") == "off" or m == "first":  # others' CPU while a timed cold or first ran
             others.append(res.others)
         log(f"{m:8s} {size:5s} {model}: {res.wall_s:.1f}s")
 
@@ -171,13 +174,13 @@ def run(work: Path, quick: bool, log, tiny: TinyModel, ref_ws: Workspace, baseli
         """The first command of a session and a cold one, each on a quiet machine with no server of
         ours, in alternating order (the cold one's run never follows the other's teardown in every
         round). Leaves the server of the first command running when ``with_server``."""
-        for m in round_order(["cold", "first"], r, "alternate"):
+        for m in round_order(["pair-cold", "first"], r, "alternate"):
             quiet()
-            if m == "cold":
-                measure("cold", "small", f"s{r}", _env(spaces["cold"], SRC, False), SRC)
+            if m == "pair-cold":
+                measure("pair-cold", "small", f"pc{r}", _env(pair, SRC, False), SRC)
             else:
-                measure("first", "small", f"first{r}", warm_env, SRC)
-                ready_s.append(_wait_ready(SRC, warm_env))
+                measure("first", "small", f"first{r}", _env(pair, SRC, True), SRC)
+                ready_s.append(_wait_ready(SRC, warm_env))  # the same server (the key has no workspace)
         if with_server and not (_warm(SRC, warm_env, "ping") or {}).get("pid"):
             # the cold one ran last, after the server was stopped: start it again, untimed
             spaces["warm"].put_model(f"restart{r}", small_ids[:1], seed=80 + r, side=IMAGE_SIDE)
@@ -196,9 +199,8 @@ def run(work: Path, quick: bool, log, tiny: TinyModel, ref_ws: Workspace, baseli
                 raise RuntimeError(f"warm-up score failed:\n{up.stderr[-3000:]}")
             order = round_order(list(modes), r, "alternate")
             for m in order:
-                if m != "cold":
-                    src, warm = modes[m]
-                    measure(m, "small", f"s{r}", _env(spaces[m], src, warm), src)
+                src, warm = modes[m]
+                measure(m, "small", f"s{r}", _env(spaces[m], src, warm), src)
             if r < big_reps:
                 for m in order:
                     src, warm = modes[m]
@@ -213,7 +215,7 @@ def run(work: Path, quick: bool, log, tiny: TinyModel, ref_ws: Workspace, baseli
                  "server_ready_after_first_s": _spread(ready_s), "launcher_extra": launcher,
                  "others_cpu_max": max(others) if others else None, "modes": {}, "ratios": {}}
     for m in modes:
-        t_s, t_b = min(times[m]["small"][:reps]), min(times[m]["big"])  # the same rounds for every mode
+        t_s, t_b = min(times[m]["small"]), min(times[m]["big"])
         per_image = (t_b - t_s) / (len(all_ids) - SMALL)
         out["modes"][m] = {"t_small": t_s, "t_big": t_b, "per_image_s": per_image, "fixed_s": t_s - SMALL * per_image,
                            "all": times[m]}
@@ -221,7 +223,10 @@ def run(work: Path, quick: bool, log, tiny: TinyModel, ref_ws: Workspace, baseli
     for m, v in out["modes"].items():
         v["fixed_ratio"] = v["fixed_s"] / base["fixed_s"] if base["fixed_s"] > 0 else None
     cold = times["cold"]["small"]
-    for m in ("first", "warm", "own-api"):  # zip: warm and own-api against the first rounds' cold ones
+    pair_cold = times["pair-cold"]["small"]
+    out["ratios"]["first"] = {**_spread([t / c for t, c in zip(times["first"]["small"], pair_cold)]),
+                              "seconds": times["first"]["small"], "cold_seconds": pair_cold}
+    for m in ("warm", "own-api"):
         out["ratios"][m] = {**_spread([t / c for t, c in zip(times[m]["small"], cold)]), "seconds": times[m]["small"]}
     out["ratios"]["api_share"] = _spread([(o - w) / c for o, w, c in zip(times["own-api"]["small"], times["warm"]["small"], cold)])
     out["cold_small_s"] = cold
@@ -255,11 +260,11 @@ def markdown(res: dict) -> list[str]:
     cold = res["cold_small_s"]
     lines += [
         "",
-        f"Each command of {res['small_images']} images against the cold one of the same repetition "
-        f"(cold: {', '.join(f'{t:.1f}' for t in cold)} s); median (range) over the repetitions. The first "
-        f"command and the cold one run in alternating order, each after the server was stopped and "
-        f"{SETTLE_S:.0f} s of quiet, in {res.get('first_reps', len(cold))} repetitions (the bound on the first "
-        f"command is a few percent); the others in the first {res['reps']}:",
+        f"Each command of {res['small_images']} images against a cold one of the same repetition; median (range) "
+        f"over the repetitions. The first command: {res['first_reps']} repetitions, against a cold command in the "
+        f"same workspace (cold: {', '.join(f'{t:.1f}' for t in r['first']['cold_seconds'])} s), the two in "
+        f"alternating order, each after the server was stopped and {SETTLE_S:.0f} s of quiet. The others: "
+        f"{res['reps']} repetitions, against the cold mode above (cold: {', '.join(f'{t:.1f}' for t in cold)} s):",
         "",
         "| command | seconds | / cold |",
         "|---|---|---|",
@@ -279,7 +284,7 @@ def markdown(res: dict) -> list[str]:
             f"What the first command does beyond a cold one, timed alone ({ex['key_s']['n']} times, in a process "
             f"holding what a cold `score` has imported when it ends): the server's key {1000 * ex['key_s']['median']:.1f} ms "
             f"and starting the server's process {1000 * ex['start_s']['median']:.1f} ms (medians), "
-            f"**{extra_s / statistics.median(cold):.2%}** of a cold command. The server then waits for the first "
+            f"**{extra_s / statistics.median(r['first']['cold_seconds']):.2%}** of a cold command. The server then waits for the first "
             "command's process to end before it does anything, so that is all the first command pays; the spread "
             "of the ratio above is the machine's noise between two runs of the same cold work.",
             "",
