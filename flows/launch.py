@@ -61,8 +61,8 @@ def _starting(lock) -> bool:
 def _start_server(key: str, env: dict[str, str]) -> None:
     """Detached (own session, stdio to its log), so it outlives this command and no terminal
     signal reaches it; it exits when idle. It waits for this process to end before it imports
-    anything (flows/warm_server.py --after), so it never competes with this command's end. One starter per key: the lock file names the process
-    on its way (the server removes it when ready)."""
+    anything (flows/warm_server.py --after), so it never competes with this command's end. One
+    starter per key: the lock file names the process on its way (the server removes it when ready)."""
     lock = warm.runtime_dir() / f"warm-{key}.starting"
     try:
         fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
