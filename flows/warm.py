@@ -10,7 +10,8 @@ API per workspace (Prefect home), which its commands use instead of starting one
 - **Started by a first command** through the launcher (`flows/launch.py`) for the commands in
   ``WARM_COMMANDS``: with no server ready, the command runs cold at once and starts the server
   as it ends; the server waits for that command's process to end before it imports anything
-  (then at lower CPU priority), so the first command is never slower than cold. One server per key: the contents of the
+  (then at lower CPU priority): the first command does nothing beyond a cold one but compute the
+  key and start that process (bench (f)). One server per key: the contents of the
   source files and GX suites it imported and built (an edit and its revert give the same key),
   the Python executable and code path, and only the variables read at import (``KEY_PREFIXES``,
   ``KEY_VARS``): the other ``IMAGEBENCH_*`` settings, the workspace's ``imagebench.yaml`` and

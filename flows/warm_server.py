@@ -522,7 +522,7 @@ def main(argv: list[str]) -> int:
     log.setLevel(logging.INFO)
     if len(argv) == 3:
         # Started by a command that ran cold (flows/launch.py): its user gets the prompt back before
-        # this server takes any CPU, disk or memory, so the first command costs what a cold one does.
+        # this server takes any CPU, disk or memory beyond this interpreter's start.
         pid = int(argv[2])
         ended = wait_for_exit(pid, AFTER_WAIT_S)
         log.info("starting at %.6f: process %d %s", time.time(), pid,
