@@ -123,6 +123,15 @@ def _launcher_extra(env: dict[str, str], work: Path, n: int = 20) -> dict:
     return {k: _spread(v) for k, v in res.items()}
 
 
+def _score_untimed(ws: Workspace, env: dict[str, str], model: str, prompt_ids: list[str], seed: int, why: str) -> None:
+    """Put a model into ``ws`` and score it, for its side effect (a workspace set up, a server
+    started, an API up), not its time."""
+    ws.put_model(model, prompt_ids, seed=seed, side=IMAGE_SIDE)
+    res = run_measured(_cmd(SRC, ["score", "--model", model]), env, cwd=SRC)
+    if res.rc != 0:
+        raise RuntimeError(f"{why}: score {model} failed:\n{res.stderr[-3000:]}")
+
+
 def _spread(values: list[float]) -> dict:
     return Spread.of(values).as_dict()
 
@@ -145,10 +154,7 @@ def run(work: Path, quick: bool, log, tiny: TinyModel, ref_ws: Workspace, baseli
         pair.put_model(f"pc{r}", small_ids, seed=500 + r, side=IMAGE_SIDE)
     # The first command in a workspace also creates its Prefect database and lake: untimed, so that
     # neither timed command of the first pair pays it (it made round 0 read 0.67x).
-    pair.put_model("pair-setup", small_ids[:1], seed=600, side=IMAGE_SIDE)
-    setup = run_measured(_cmd(SRC, ["score", "--model", "pair-setup"]), _env(pair, SRC, False), cwd=SRC)
-    if setup.rc != 0:
-        raise RuntimeError(f"setting up the pair's workspace failed:\n{setup.stderr[-3000:]}")
+    _score_untimed(pair, _env(pair, SRC, False), "pair-setup", small_ids[:1], 600, "setting up the pair's workspace")
     for m, ws in spaces.items():
         for r in range(reps):
             ws.put_model(f"s{r}", small_ids, seed=100 + r, side=IMAGE_SIDE)
@@ -189,20 +195,14 @@ def run(work: Path, quick: bool, log, tiny: TinyModel, ref_ws: Workspace, baseli
                 ready_s.append(_wait_ready(SRC, warm_env))  # the same server (the key has no workspace)
         if with_server and not (_warm(SRC, warm_env, "ping") or {}).get("pid"):
             # the cold one ran last, after the server was stopped: start it again, untimed
-            spaces["warm"].put_model(f"restart{r}", small_ids[:1], seed=80 + r, side=IMAGE_SIDE)
-            again = run_measured(_cmd(SRC, ["score", "--model", f"restart{r}"]), warm_env, cwd=SRC)
-            if again.rc != 0:
-                raise RuntimeError(f"restarting score failed:\n{again.stderr[-3000:]}")
+            _score_untimed(spaces["warm"], warm_env, f"restart{r}", small_ids[:1], 80 + r, "restarting the server")
             _wait_ready(SRC, warm_env)
 
     try:
         for r in range(reps):
             first_and_cold(r, with_server=True)
             # The workspace's Prefect API, started by the first warm command of this server: untimed.
-            spaces["warm"].put_model(f"api-up{r}", small_ids[:1], seed=90 + r, side=IMAGE_SIDE)
-            up = run_measured(_cmd(SRC, ["score", "--model", f"api-up{r}"]), warm_env, cwd=SRC)
-            if up.rc != 0:
-                raise RuntimeError(f"warm-up score failed:\n{up.stderr[-3000:]}")
+            _score_untimed(spaces["warm"], warm_env, f"api-up{r}", small_ids[:1], 90 + r, "starting the API")
             order = round_order(list(modes), r, "alternate")
             for m in order:
                 src, warm = modes[m]
@@ -291,8 +291,7 @@ def markdown(res: dict) -> list[str]:
             f"holding what a cold `score` has imported when it ends): the server's key {1000 * ex['key_s']['median']:.1f} ms "
             f"and starting the server's process {1000 * ex['start_s']['median']:.1f} ms (medians), "
             f"**{extra_s / statistics.median(r['first']['cold_seconds']):.2%}** of a cold command. The server then waits for the first "
-            "command's process to end before it does anything, so that is all the first command pays; the spread "
-            "of the ratio above is the machine's noise between two runs of the same cold work.",
+            "command's process to end before it does anything else.",
             "",
         ]
     lines += [

@@ -10,6 +10,7 @@ import threading
 import time
 
 from flows.warm_server import wait_for_exit
+from tests.flows.conftest import REPO
 
 
 def _sleeper() -> subprocess.Popen:
@@ -56,6 +57,5 @@ def test_polls_where_there_is_no_pidfd(monkeypatch):
 
 def test_the_server_refuses_a_malformed_command_line():
     for argv in (["k", "--after"], ["k", "--before", "1"], []):
-        res = subprocess.run([sys.executable, "-m", "flows.warm_server", *argv], capture_output=True, text=True,
-                             cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+        res = subprocess.run([sys.executable, "-m", "flows.warm_server", *argv], cwd=REPO, capture_output=True, text=True)
         assert res.returncode != 0 and "usage: python -m flows.warm_server KEY [--after PID]" in res.stderr
