@@ -170,6 +170,7 @@ def _child(request: dict, fds: list[int], mask: set) -> None:
         code = 1
     finally:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # the status is told whatever comes now
+        _exit_hooks_of_the_command()
         for stream in (sys.stdout, sys.stderr):
             try:
                 stream.flush()
@@ -177,6 +178,23 @@ def _child(request: dict, fds: list[int], mask: set) -> None:
                 pass
         _tell_status(code)
     os._exit(code)
+
+
+def _exit_hooks_of_the_command() -> None:
+    """What Python runs at exit that finishes a command's work elsewhere, run before the child's
+    ``os._exit``: threading's exit hooks (Prefect drains its log and event workers there: skipped,
+    a warm command's log records never reached its Prefect API) and logging's flush. The other exit
+    handlers were registered before the fork, by the server, and are the server's."""
+    import logging
+    import traceback
+
+    shutdown = getattr(threading, "_shutdown", None)  # what Python calls first at exit (CPython)
+    try:
+        if shutdown is not None:
+            shutdown()
+        logging.shutdown()
+    except Exception:  # noqa: BLE001 - Python prints an exit hook's error and goes on
+        traceback.print_exc()
 
 
 def _prefect_api(apis: dict, home: object) -> str:

@@ -475,6 +475,21 @@ def _key_in(code: Path, env: dict[str, str]) -> str:
                           env=env, cwd=code, capture_output=True, text=True, check=True).stdout.strip()
 
 
+def _failed_runs_logs(home: Path, model: str, n: int) -> list[list[tuple[int, str]]]:
+    """The log records of the last ``n`` failed flow runs of ``model`` in the workspace's Prefect
+    database, oldest first: (level, first line, its ids, names and numbers made alike)."""
+    def alike(message: str) -> str:
+        line = message.splitlines()[0] if message else ""
+        return re.sub(r"'[a-z]+-[a-z]+'|[0-9a-f-]{36}|\d+(\.\d+)?", "#", line)
+
+    with sqlite3.connect(home / "prefect" / "prefect.db") as db:
+        runs = [r[0] for r in db.execute(
+            "SELECT id FROM flow_run WHERE state_type = 'FAILED' AND json_extract(parameters, '$.model_id') = ? "
+            "ORDER BY created DESC LIMIT ?", (model, n))][::-1]
+        return [[(level, alike(msg)) for level, msg in db.execute(
+            "SELECT level, message FROM log WHERE flow_run_id = ? ORDER BY timestamp", (run,))] for run in runs]
+
+
 def test_stale_code_never_serves_and_servers_are_capped(shared, tmp_path, monkeypatch):
     """An always-failing expectation added to expectations/images.json after the server started:
     the next command does not use that server (its code key changed) and fails as the cold one
@@ -512,6 +527,11 @@ def test_stale_code_never_serves_and_servers_are_capped(shared, tmp_path, monkey
         # the same one-line error as the cold command (the traceback Prefect prints above it: not compared)
         assert _same_lines(again.stderr)[-1] == _same_lines(cold.stderr)[-1], again.stderr[-2000:]
         assert "ValidationFailed: suite 'images'" in _same_lines(again.stderr)[-1]
+        # The flow run's last log records reach the workspace's Prefect API from the warm child as
+        # from a cold process (Prefect sends them from a worker drained at exit).
+        cold_logs, hot_logs, again_logs = _failed_runs_logs(shared["home"], "after", 3)
+        assert any(level >= 40 and "Failed" in msg for level, msg in cold_logs), cold_logs
+        assert again_logs == hot_logs == cold_logs
     finally:
         os.kill(new_pid, signal.SIGTERM)
         _wait(lambda: _state(new_pid) in (None, "Z"), "the new server exits on SIGTERM", 60)
