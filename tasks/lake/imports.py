@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -92,11 +93,15 @@ def _float(value: object, path: Path, row: int, column: str, problems: list[str]
     return x
 
 
-def parse_scores(path: Path, suite: Suite) -> dict[str, list[dict]]:
-    """Validate every row; collect all problems and fail once with the full list."""
+def _parse_rows(path: Path, suite: Suite, required: tuple[str, ...], optional: tuple[str, ...],
+                row_values: Callable[[dict[str, list], int, int, list[str]], dict | None]) -> dict[str, list[dict]]:
+    """Every row of an import file, by model: a valid model id, a prompt of the suite, its own
+    values (``row_values(cols, index, row, problems)``: a dict, or None once it has added the
+    row's problem), and no second row for the same model and prompt. All problems are collected;
+    the file then fails once, with the full list."""
     from tasks.store.storage import InvalidModelId, validate_model_id
 
-    n_rows, cols = _read_columns(path, REQUIRED, OPTIONAL)
+    n_rows, cols = _read_columns(path, required, optional)
     problems: list[str] = []
     seen: dict[tuple[str, str], int] = {}
     by_model: dict[str, list[dict]] = {}
@@ -112,32 +117,42 @@ def parse_scores(path: Path, suite: Suite) -> dict[str, list[dict]]:
         if prompt_id not in suite.by_id:
             problems.append(f"{path}: row {row}: prompt_id {prompt_id!r} is not in suite {suite.version}")
             continue
+        values = row_values(cols, i, row, problems)
+        if values is None:
+            continue
         key = (model_id, prompt_id)
         if key in seen:
             problems.append(f"{path}: row {row}: duplicate of row {seen[key]} ({model_id}, {prompt_id})")
             continue
         seen[key] = row
+        by_model.setdefault(model_id, []).append({"prompt_id": prompt_id, **values})
+    _raise_problems(path, problems)
+    return by_model
+
+
+def parse_scores(path: Path, suite: Suite) -> dict[str, list[dict]]:
+    """Validate every row of a scores file; collect all problems and fail once with the full list."""
+
+    def values(cols: dict[str, list], i: int, row: int, problems: list[str]) -> dict | None:
         mu = _float(cols["mu"][i], path, row, "mu", problems)
         if mu is None:
             if not any(p.startswith(f"{path}: row {row}: mu") for p in problems):
                 problems.append(f"{path}: row {row}: mu is empty")
-            continue
+            return None
         sigma = _float(cols["sigma"][i], path, row, "sigma", problems) if "sigma" in cols else None
         sha = cols["image_sha256"][i] if "image_sha256" in cols else None
         sha = str(sha).strip().lower() if sha not in (None, "") else None
         if sha is not None and not SHA256_RE.fullmatch(sha):
             problems.append(f"{path}: row {row}: image_sha256 {sha!r} is not a sha256 hex digest")
-            continue
-        by_model.setdefault(model_id, []).append(
-            {"prompt_id": prompt_id, "mu": mu, "sigma": sigma, "image_sha256": sha}
-        )
-    _raise_problems(path, problems)
-    return by_model
+            return None
+        return {"mu": mu, "sigma": sigma, "image_sha256": sha}
+
+    return _parse_rows(path, suite, REQUIRED, OPTIONAL, values)
 
 
 def import_scores_file(settings: Settings, suite: Suite, path: Path, scorer_name: str) -> ImportSummary:
-    from tasks.runs import pinned, run_ids, units_aggregate
     from tasks.lake.tables import Lake
+    from tasks.runs import pinned, run_ids, units_aggregate
     from tasks.scores.reference import ReferenceError as RefError
 
     # fullmatch: re.match with "$" would accept a trailing newline ("lab-x\n").
@@ -223,43 +238,20 @@ IMPORTABLE_VERDICTS = ("PASS", "FAIL", "ERROR", "UNPARSABLE")
 
 def parse_verdicts(path: Path, suite: Suite) -> dict[str, list[dict]]:
     """Validate every row of a verdicts file; collect all problems and fail once."""
-    from tasks.store.storage import InvalidModelId, validate_model_id
 
-    n_rows, cols = _read_columns(path, VERDICT_REQUIRED, VERDICT_OPTIONAL)
-    problems: list[str] = []
-    seen: dict[tuple[str, str], int] = {}
-    by_model: dict[str, list[dict]] = {}
-    for i in range(n_rows):
-        row = _row_number(path, i)
-        model_id = str(cols["model_id"][i] or "").strip()
-        prompt_id = str(cols["prompt_id"][i] or "").strip()
+    def values(cols: dict[str, list], i: int, row: int, problems: list[str]) -> dict | None:
         verdict = str(cols["verdict"][i] or "").strip().upper()
         judge = str(cols["judge"][i] or "").strip()
-        try:
-            validate_model_id(model_id)
-        except InvalidModelId as exc:
-            problems.append(f"{path}: row {row}: {exc}")
-            continue
-        if prompt_id not in suite.by_id:
-            problems.append(f"{path}: row {row}: prompt_id {prompt_id!r} is not in suite {suite.version}")
-            continue
         if verdict not in IMPORTABLE_VERDICTS:
             problems.append(f"{path}: row {row}: verdict {cols['verdict'][i]!r} is not one of {list(IMPORTABLE_VERDICTS)}")
-            continue
+            return None
         if not SCORER_NAME_RE.fullmatch(judge):
             problems.append(f"{path}: row {row}: judge {judge!r} is not a valid judge name")
-            continue
-        key = (model_id, prompt_id)
-        if key in seen:
-            problems.append(f"{path}: row {row}: duplicate of row {seen[key]} ({model_id}, {prompt_id})")
-            continue
-        seen[key] = row
+            return None
         rationale = cols["rationale"][i] if "rationale" in cols else None
-        by_model.setdefault(model_id, []).append(
-            {"prompt_id": prompt_id, "verdict": verdict, "judge": judge, "rationale": rationale or None}
-        )
-    _raise_problems(path, problems)
-    return by_model
+        return {"verdict": verdict, "judge": judge, "rationale": rationale or None}
+
+    return _parse_rows(path, suite, VERDICT_REQUIRED, VERDICT_OPTIONAL, values)
 
 
 def import_verdicts_file(settings: Settings, suite: Suite, path: Path) -> ImportSummary:
@@ -268,8 +260,8 @@ def import_verdicts_file(settings: Settings, suite: Suite, path: Path) -> Import
     import hashlib
     import json
 
-    from tasks.runs import pinned, run_ids, units_aggregate
     from tasks.lake.tables import Lake
+    from tasks.runs import pinned, run_ids, units_aggregate
     from tasks.scores.reference import ReferenceError as RefError
 
     by_model = parse_verdicts(Path(path), suite)

@@ -5,6 +5,7 @@ per-model path, and nothing written when any row anywhere is bad."""
 from __future__ import annotations
 
 import csv
+import functools
 import random
 from pathlib import Path
 
@@ -45,8 +46,8 @@ def lab(workspace, tmp_path):
     """A workspace whose reference "t1" was built from scores imported under ``lab-x`` (the
     reference file written directly: no Prefect flow needed). Returns (settings, suite)."""
     from schemas.settings import load_settings
-    from tasks.runs import pinned, run_ids, units_aggregate
     from tasks.lake.imports import import_scores_file
+    from tasks.runs import pinned, run_ids, units_aggregate
     from tasks.scores.reference import build_reference
 
     settings = load_settings()
@@ -89,8 +90,8 @@ def _count_ge_calls(monkeypatch) -> list[tuple[str, int]]:
 
 def test_many_models_one_file_same_rows_as_one_model_at_a_time(lab, tmp_path, monkeypatch, tiny_model):
     from schemas.settings import load_settings
-    from tasks.runs import pinned, run_ids, units_aggregate
     from tasks.lake.imports import import_scores_file, import_verdicts_file
+    from tasks.runs import pinned, units_aggregate
     from tests.flows.conftest import use_workspace
 
     settings, suite = lab
@@ -129,7 +130,11 @@ def test_many_models_one_file_same_rows_as_one_model_at_a_time(lab, tmp_path, mo
 def test_one_bad_row_anywhere_writes_nothing(lab, tmp_path, kind):
     """A row that parses but fails the table's Great Expectations suite (mu out of range, an
     upper-case judge name) in the last of 30 models: nothing written, the file named."""
-    from tasks.lake.imports import ScoresFileError, import_scores_file, import_verdicts_file
+    from tasks.lake.imports import (
+        ScoresFileError,
+        import_scores_file,
+        import_verdicts_file,
+    )
 
     settings, suite = lab
     models = [f"lab-{i:02d}" for i in range(30)]
@@ -187,3 +192,90 @@ def test_cli_import_of_many_models_prints_one_line_not_a_table(workspace, tmp_pa
     r = invoke("import-scores", str(_csv(tmp_path / "one.csv", ("model_id", "prompt_id", "mu"), [("solo", PROMPT_IDS[0], "1")])),
                "--scorer", SCORER)
     assert r.exit_code == 0 and "solo" in r.output
+
+
+# --- the rows of one file, parsed alone: every bad row named by file and line, all in one error,
+# nothing returned; good rows by model, in order.
+
+SHA = "ab" * 32
+P0, P1, P2 = PROMPT_IDS[:3]
+
+
+@functools.cache
+def _suite():
+    from tasks.scores.suite import load_suite
+
+    return load_suite(Path(__file__).resolve().parents[2] / "reference" / "suite-imagebench-v1.jsonl")
+
+
+def _problems(parse, path: Path) -> list[str]:
+    from tasks.lake.imports import ScoresFileError
+
+    with pytest.raises(ScoresFileError) as err:
+        parse(path, _suite())
+    head, *lines = str(err.value).splitlines()
+    assert head == f"{path}: {len(lines)} invalid row(s), nothing imported:"
+    return [line.strip().removeprefix(f"{path}: ") for line in lines]
+
+
+def test_scores_rows_by_model_and_every_bad_row_named(tmp_path):
+    from tasks.lake.imports import parse_scores
+
+    cols = ("model_id", "prompt_id", "mu", "sigma", "image_sha256")
+    good = _csv(tmp_path / "good.csv", cols, [("m1", P0, "0.5", "", SHA.upper()), ("m2", P0, "-1", "0.1", ""),
+                                              ("m1", P1, "2", "", "")])
+    assert parse_scores(good, _suite()) == {
+        "m1": [{"prompt_id": P0, "mu": 0.5, "sigma": None, "image_sha256": SHA},
+               {"prompt_id": P1, "mu": 2.0, "sigma": None, "image_sha256": None}],
+        "m2": [{"prompt_id": P0, "mu": -1.0, "sigma": 0.1, "image_sha256": None}],
+    }
+    bad = _csv(tmp_path / "bad.csv", cols, [
+        ("m1", P0, "1", "", ""),        # row 2: fine
+        ("../x", P0, "1", "", ""),      # row 3
+        ("m1", "nope-01", "1", "", ""),  # row 4
+        ("m1", P1, "", "", ""),         # row 5
+        ("m1", P1, "abc", "", ""),      # row 6
+        ("m1", P1, "inf", "", ""),      # row 7
+        ("m1", P1, "1", "", "xyz"),     # row 8
+        ("m1", P0, "2", "", ""),        # row 9: a second row for (m1, P0)
+        ("m1", P2, "1", "nan", ""),     # row 10
+    ])
+    problems = _problems(parse_scores, bad)
+    assert [p.split(":")[0] for p in problems] == [f"row {r}" for r in (3, 4, 5, 6, 7, 8, 9, 10)]
+    assert "../x" in problems[0]
+    assert problems[1:] == [
+        f"row 4: prompt_id 'nope-01' is not in suite {_suite().version}",
+        "row 5: mu is empty",
+        "row 6: mu='abc' is not a number",
+        "row 7: mu='inf' is not finite",
+        "row 8: image_sha256 'xyz' is not a sha256 hex digest",
+        f"row 9: duplicate of row 2 (m1, {P0})",
+        "row 10: sigma='nan' is not finite",
+    ]
+
+
+def test_verdict_rows_by_model_and_every_bad_row_named(tmp_path):
+    from tasks.lake.imports import parse_verdicts
+
+    cols = ("model_id", "prompt_id", "verdict", "judge", "rationale")
+    good = _csv(tmp_path / "good.csv", cols, [("m1", P0, "pass", "qwen-vl", "fine"), ("m1", P1, "FAIL", "lab.j-2", "")])
+    assert parse_verdicts(good, _suite()) == {"m1": [
+        {"prompt_id": P0, "verdict": "PASS", "judge": "qwen-vl", "rationale": "fine"},
+        {"prompt_id": P1, "verdict": "FAIL", "judge": "lab.j-2", "rationale": None},
+    ]}
+    bad = _csv(tmp_path / "bad.csv", cols, [
+        ("m1", P0, "PASS", "j", ""),     # row 2: fine
+        ("", P0, "PASS", "j", ""),       # row 3
+        ("m1", "nope-01", "PASS", "j", ""),  # row 4
+        ("m1", P1, "MAYBE", "j", ""),    # row 5
+        ("m1", P1, "PASS", "bad judge", ""),  # row 6
+        ("m1", P0, "FAIL", "j", ""),     # row 7: a second row for (m1, P0)
+    ])
+    problems = _problems(parse_verdicts, bad)
+    assert [p.split(":")[0] for p in problems] == [f"row {r}" for r in (3, 4, 5, 6, 7)]
+    assert problems[1:] == [
+        f"row 4: prompt_id 'nope-01' is not in suite {_suite().version}",
+        "row 5: verdict 'MAYBE' is not one of ['PASS', 'FAIL', 'ERROR', 'UNPARSABLE']",
+        "row 6: judge 'bad judge' is not a valid judge name",
+        f"row 7: duplicate of row 2 (m1, {P0})",
+    ]
