@@ -21,6 +21,7 @@ from flows.cli.common import CliError, OutputFormat, cli_settings, err, prepare_
 vab_app = typer.Typer(help="Visual Aesthetic Benchmark: sets, judges' answers, strict metrics.", no_args_is_help=True)
 
 SETS_OPT = typer.Option("--sets", help="the set collection's name (imagebench vab import-sets ... --name S)")
+NAME_OPT = typer.Option("--name", help="name of the set collection (pinned: create-once)")
 # strict_both_lo/hi: 95% Wilson interval (honest at 0% and 100%); *_boot_*: the task bootstrap beside it.
 # A one-trial judge (trials_per_task 1, a person) has null strict_* figures: see single_* (docs/VAB.md).
 LEADERBOARD_JSON_COLUMNS = ("judge", "judge_kind", "trials_per_task", "strict_best", "strict_worst", "strict_both",
@@ -36,10 +37,18 @@ class Breakdown(str, Enum):
     position = "position"
 
 
+def _say_pinned(name: str, res) -> None:
+    """What import-sets and build-sets tell: the collection pinned (or already), each rejected task."""
+    state = "already pinned with the same content" if res.already_pinned else "pinned"
+    err.print(f"[green]set collection {name}: {res.tasks} tasks {state}[/] ({res.pin_path})", highlight=False, soft_wrap=True)
+    for task, why in res.rejected.items():
+        err.print(f"[bold yellow]rejected task {task}:[/] {why}", highlight=False, soft_wrap=True, markup=True)
+
+
 @vab_app.command("import-sets")
 def vab_import_sets(
     file: Annotated[Path, typer.Argument(metavar="FILE", help="our FILE.jsonl (one task per line: task_id, domain, images, best, worst), or the official release's .parquet file or folder")],
-    name: Annotated[str, typer.Option("--name", help="name of the set collection (pinned: create-once)")],
+    name: Annotated[str, NAME_OPT],
     skip_bad: Annotated[bool, typer.Option("--skip-bad", help="import the valid tasks and record the rejected ones (default: reject the whole file)")] = False,
 ) -> None:
     """Validate a manifest or the official Parquet release (every image through the ingest checks), copy the images into the
@@ -48,16 +57,13 @@ def vab_import_sets(
         from tasks.vab.sets import import_any
 
         res = import_any(cli_settings(), file, name, skip_bad=skip_bad)
-        state = "already pinned with the same content" if res.already_pinned else "pinned"
-        err.print(f"[green]set collection {name}: {res.tasks} tasks {state}[/] ({res.pin_path})", highlight=False, soft_wrap=True)
-        for task, why in res.rejected.items():
-            err.print(f"[bold yellow]rejected task {task}:[/] {why}", highlight=False, soft_wrap=True, markup=True)
+        _say_pinned(name, res)
 
 
 @vab_app.command("build-sets")
 def vab_build_sets(
     file: Annotated[Path, typer.Argument(metavar="LABELS.csv", help="columns prompt_id,domain,models,best,worst (models space-separated; best/worst model ids)")],
-    name: Annotated[str, typer.Option("--name", help="name of the set collection (pinned: create-once)")],
+    name: Annotated[str, NAME_OPT],
     skip_bad: Annotated[bool, typer.Option("--skip-bad", help="build the valid sets and record the rejected ones (default: reject the whole file)")] = False,
 ) -> None:
     """Sets built from the lake: for each prompt of the suite, the images of several scored
@@ -66,10 +72,7 @@ def vab_build_sets(
         from tasks.vab.sets import build_from_lake
 
         res = build_from_lake(cli_settings(), file, name, skip_bad=skip_bad)
-        state = "already pinned with the same content" if res.already_pinned else "pinned"
-        err.print(f"[green]set collection {name}: {res.tasks} tasks {state}[/] ({res.pin_path})", highlight=False, soft_wrap=True)
-        for task, why in res.rejected.items():
-            err.print(f"[bold yellow]rejected task {task}:[/] {why}", highlight=False, soft_wrap=True, markup=True)
+        _say_pinned(name, res)
 
 
 @vab_app.command("import-answers")
