@@ -211,13 +211,6 @@ def _server_gone(child: int, channel: socket.socket | None) -> int:
     return 1
 
 
-def _status_of(code: object) -> int:
-    """The exit status Python gives ``sys.exit(code)``."""
-    if code is None:
-        return 0
-    return code if isinstance(code, int) else 1
-
-
 def _end_without_teardown() -> None:
     """The last exit handler (the first registered: they run in reverse order), so Python has
     already joined the threads and run every other handler (Prefect's API stopped, logs flushed).
@@ -225,11 +218,7 @@ def _end_without_teardown() -> None:
     Expectations: 3-4 s of a cold `score` here (bench (f)). Skip it, as the warm server's child does."""
     if _cold_status is None:
         return
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError):
-            pass
+    warm.flush_stdio()
     os._exit(_cold_status)
 
 
@@ -259,10 +248,9 @@ def main() -> None:
             cold_main()
             status = 0
         except KeyboardInterrupt:  # before the command's own handling took over (Typer building the app)
-            status = 128 + signal.SIGINT
-            sys.exit(status)
+            sys.exit(128 + signal.SIGINT)
     except SystemExit as exc:
-        status = _status_of(exc.code)
+        status = warm.exit_status(exc.code)
         raise
     finally:
         _cold_status = status

@@ -113,6 +113,22 @@ def command_of(argv: list[str]) -> str | None:
     return None
 
 
+def exit_status(code: object) -> int:
+    """The exit status Python gives ``sys.exit(code)``: None is 0, a non-integer is 1 (Python prints it)."""
+    if code is None:
+        return 0
+    return code if isinstance(code, int) else 1
+
+
+def flush_stdio() -> None:
+    """Flush stdout and stderr before ``os._exit`` (which does not); a closed or broken stream is let be."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:  # noqa: BLE001, S110 - the process is ending: nothing more to do for that stream
+            pass
+
+
 def code_root() -> Path:
     return Path(__file__).resolve().parent.parent
 

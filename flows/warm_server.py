@@ -156,7 +156,7 @@ def _child(request: dict, fds: list[int], mask: set) -> None:
             main()
             code = 0
         except SystemExit as exc:
-            code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+            code = warm.exit_status(exc.code)
             if not isinstance(exc.code, (int, type(None))):
                 print(exc.code, file=sys.stderr)
         except KeyboardInterrupt:
@@ -171,11 +171,7 @@ def _child(request: dict, fds: list[int], mask: set) -> None:
     finally:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # the status is told whatever comes now
         _exit_hooks_of_the_command()
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                stream.flush()
-            except Exception:  # noqa: BLE001
-                pass
+        warm.flush_stdio()
         _tell_status(code)
     os._exit(code)
 
@@ -185,7 +181,6 @@ def _exit_hooks_of_the_command() -> None:
     ``os._exit``: threading's exit hooks (Prefect drains its log and event workers there: skipped,
     a warm command's log records never reached its Prefect API) and logging's flush. The other exit
     handlers were registered before the fork, by the server, and are the server's."""
-    import logging
     import traceback
 
     shutdown = getattr(threading, "_shutdown", None)  # what Python calls first at exit (CPython)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.flows.conftest import PROMPT_IDS, eligible_ids
+from tests.flows.conftest import PROMPT_IDS, SUITE_FILE, eligible_ids
 
 SCORER = "lab-x"
 SKIP = {"scored_at", "decided_at", "run_id"}  # when a row was written, not what it says
@@ -205,7 +205,7 @@ P0, P1, P2 = PROMPT_IDS[:3]
 def _suite():
     from tasks.scores.suite import load_suite
 
-    return load_suite(Path(__file__).resolve().parents[2] / "reference" / "suite-imagebench-v1.jsonl")
+    return load_suite(SUITE_FILE)
 
 
 def _problems(parse, path: Path) -> list[str]:
