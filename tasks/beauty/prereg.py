@@ -23,7 +23,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from schemas.study import PreRegistration
-from tasks.durable import create_new
+from tasks.store.durable import create_new
 
 ORDER_SECRET_FILE = "order-secret"
 

@@ -17,7 +17,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from schemas.study import PreRegistration, StudyDefinition
-from tasks.durable import create_new
+from tasks.store.durable import create_new
 
 SALT_FILE = "judge-salt"  # in the study folder; never exported, never logged
 

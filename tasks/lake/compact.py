@@ -43,7 +43,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from tasks.durable import fsync_dir
+from tasks.store.durable import fsync_dir
 
 logger = logging.getLogger(__name__)
 

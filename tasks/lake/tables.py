@@ -35,7 +35,7 @@ import pyarrow.parquet as pq
 from schemas.lake import REGISTRY_TABLES, RUN_TABLES, RUNS, TABLES
 from schemas.study import STUDY_TABLES  # partitioned by study_id=<id> (tasks/beauty/tables.py)
 from schemas.vab import VAB_TABLES  # partitioned by sets=<S> (tasks/vab/tables.py)
-from tasks.durable import fsync_dir
+from tasks.store.durable import fsync_dir
 from tasks.lake import compact
 from tasks.lake.layout import DATA_FILE, PARTITION_PREFIX
 from tasks.store.storage import validate_model_id  # one rule for model ids: ^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$, no '..'

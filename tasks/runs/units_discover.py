@@ -101,7 +101,7 @@ def discover_models(settings: Settings, suite: Suite, reference: ReferenceFile) 
 def classify(settings: Settings, suite: Suite, reference: ReferenceFile, model_id: str) -> str:
     """What the freshly staged image set of a model means for its result (see
     schemas.lake.MODEL_DISPOSITIONS): "new", "incremental", "replaced" or "unchanged"."""
-    from tasks.durable import atomic_write
+    from tasks.store.durable import atomic_write
     from tasks.lake.tables import Lake
 
     recorded = _result_fingerprints(settings, suite, reference, [model_id]).get(model_id)

@@ -15,7 +15,7 @@ import pyarrow.parquet as pq
 
 from schemas import lake as lake_schemas
 from schemas.settings import Settings
-from tasks.durable import write_parquet_atomic
+from tasks.store.durable import write_parquet_atomic
 from tasks.runs import progress
 from tasks.runs.pinned import ScorerSpec, get_scorer
 from tasks.runs.reads import ok_images, scores_for

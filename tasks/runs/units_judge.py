@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 
 from schemas import lake as lake_schemas
 from schemas.settings import Settings
-from tasks.durable import write_parquet_atomic
+from tasks.store.durable import write_parquet_atomic
 from tasks.runs import progress
 from tasks.runs.reads import model_images
 from tasks.scores.suite import Suite

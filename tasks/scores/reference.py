@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import ValidationError
 
 from schemas.reference import REFERENCE_FORMAT, GoldenRecord, ReferenceFile, ReferencePrompt, ScorerIdentity, SuiteRef
-from tasks.durable import fsync_dir
+from tasks.store.durable import fsync_dir
 from tasks.scores.eps import reference_medians, table_columns
 
 if TYPE_CHECKING:

@@ -1,2 +1,3 @@
 """The object store and what comes in from it: storage, ingest, demo data, small input files,
-and the redaction that keeps credentials out of everything written."""
+the durable local writes everything shares, and the redaction that keeps credentials out of
+everything written."""

@@ -35,7 +35,7 @@ import pyarrow as pa
 from PIL import Image, ImageFile
 
 from schemas.lake import IMAGES, QUARANTINE, QUARANTINE_REASONS
-from tasks.durable import atomic_write
+from tasks.store.durable import atomic_write
 from tasks.store.storage import (
     IMAGE_EXTENSIONS,
     InvalidKey,

@@ -28,7 +28,7 @@ from pathlib import Path
 from urllib.parse import unquote, urlparse
 
 from schemas.suite import PROMPT_ID_RE
-from tasks.durable import atomic_write
+from tasks.store.durable import atomic_write
 
 log = logging.getLogger(__name__)
 

@@ -90,7 +90,7 @@ def audit_path(settings: Any, sets: str) -> Path:
 
 
 def write_audit(settings: Any, sets: str, rows: list[dict], notes: list[str]) -> Path:
-    from tasks.durable import atomic_write
+    from tasks.store.durable import atomic_write
 
     path = audit_path(settings, sets)
     path.parent.mkdir(parents=True, exist_ok=True)

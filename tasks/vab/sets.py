@@ -32,7 +32,7 @@ from pydantic import ValidationError
 
 from schemas.vab import DOMAINS, MAX_IMAGES, MIN_IMAGES, TRIAL_SCHEME_LEGACY, TRIAL_SCHEME_OFFICIAL, TRIAL_SCHEMES, VabTask
 from tasks.store.ingest import DEFAULT_LIMITS, ImageLimits, Rejected, cache_image, cache_relpath, inspect_image
-from tasks.durable import atomic_write
+from tasks.store.durable import atomic_write
 from tasks.vab.rawtask import RawTask
 from tasks.vab.tables import check_set_name, read_csv_with_header, write_partition
 
