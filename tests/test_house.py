@@ -5,7 +5,9 @@
 - arrows run down: flows -> tasks -> schemas; nothing in tasks/ imports flows/, nothing in
   schemas/ imports tasks/ or flows/; the panel shell (tasks/panel) imports no protocol;
 - inside flows/cli/, the sub-apps import common, never each other, and nobody but ``__main__``
-  (``python -m flows.cli``) imports the package's __init__ (it only assembles the app);
+  (``python -m flows.cli``) imports the package's __init__ (it only assembles the app); the flows'
+  runtime below the command line imports none of it, but for the two entry points that run the app
+  (``flows.launch``, ``flows.warm_server``);
 - no source file over 800 lines.
 
 The graph comes from Python's own parser (``ast``), not from importing anything, so a new cycle
@@ -23,6 +25,7 @@ REPO = Path(__file__).resolve().parents[1]
 LAYERS = ("flows", "tasks", "schemas")
 MAX_LINES = 800
 PROTOCOLS = ("tasks.beauty", "tasks.vab")
+CLI_ENTRY_POINTS = ("flows.launch", "flows.warm_server")  # they run the app; nothing else below it may
 
 
 def _modules(root: Path = REPO) -> dict[str, Path]:
@@ -37,7 +40,8 @@ def _modules(root: Path = REPO) -> dict[str, Path]:
 
 def import_graph(root: Path = REPO) -> dict[str, set[str]]:
     """module -> the project modules it imports anywhere in its file (top level or in functions).
-    ``from a.b import c`` counts as an import of ``a.b.c`` when that is a module, else of ``a.b``."""
+    ``from a.b import c`` counts as an import of ``a.b.c`` when that is a module, else of ``a.b``;
+    ``importlib.import_module("a.b")`` with a literal name counts too."""
     modules = _modules(root)
 
     def resolve(name: str) -> str | None:
@@ -61,6 +65,10 @@ def import_graph(root: Path = REPO) -> dict[str, set[str]]:
                     t = f"{base}.{a.name}" if f"{base}.{a.name}" in modules else resolve(base)
                     if t:
                         targets.add(t)
+            elif (isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", None)) == "import_module"
+                  and node.args and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)):
+                if t := resolve(node.args[0].value):
+                    targets.add(t)
         targets.discard(name)
         graph[name] = targets
     return graph
@@ -114,7 +122,7 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 def upward_imports(graph: dict[str, set[str]]) -> list[str]:
     """Imports against the arrows: tasks -> flows, schemas -> tasks/flows, panel shell -> protocol,
-    a flows/cli sub-app -> another sub-app or the package's __init__."""
+    a flows/cli module -> another sub-app or the package's __init__, the flows' runtime -> flows/cli."""
     bad = []
     for module, targets in sorted(graph.items()):
         for target in sorted(targets):
@@ -126,8 +134,11 @@ def upward_imports(graph: dict[str, set[str]]) -> list[str]:
             elif module.startswith("flows.cli.") and module != "flows.cli.__main__" and target == "flows.cli":
                 bad.append(f"{module} -> {target} (nobody inside flows/cli imports its __init__)")
             elif (module.startswith("flows.cli.") and target.startswith("flows.cli.")
-                  and not target.startswith("flows.cli.common") and not module.startswith("flows.cli.common")):
+                  and not target.startswith("flows.cli.common")):
                 bad.append(f"{module} -> {target} (a sub-app imports common, never another sub-app)")
+            elif (module.startswith("flows.") and not module.startswith("flows.cli") and module not in CLI_ENTRY_POINTS
+                  and (target == "flows.cli" or target.startswith("flows.cli."))):
+                bad.append(f"{module} -> {target} (the flows' runtime does not reach up into the command line)")
     return bad
 
 
@@ -168,6 +179,9 @@ def _tree(tmp_path: Path, files: dict[str, str]) -> Path:
         ({"tasks/p/__init__.py": "", "tasks/p/a.py": "from tasks.p import b\n", "tasks/p/b.py": "from . import a\n"},
          [["tasks.p.a", "tasks.p.b"]]),
         ({"tasks/a.py": "import tasks.b\n", "tasks/b.py": "import schemas\n"}, []),
+        # a module imported by its literal name through importlib is an edge too
+        ({"tasks/a.py": "import importlib\nB = importlib.import_module('tasks.b')\n", "tasks/b.py": "import tasks.a\n"},
+         [["tasks.a", "tasks.b"]]),
     ],
 )
 def test_the_cycle_check_sees_lazy_and_relative_imports(tmp_path, files, expected):
@@ -184,14 +198,18 @@ def test_the_arrow_check_names_each_wrong_import(tmp_path):
         "tasks/beauty/__init__.py": "",
         "tasks/beauty/study.py": "from tasks.panel import app\n",
         "flows/cli/__init__.py": "from flows.cli import vab\n",
-        "flows/cli/common.py": "",
+        "flows/cli/common.py": "def f():\n    from flows.cli import vab\n",
         "flows/cli/vab.py": "from flows.cli import common\nfrom flows.cli.scoring import x\n",
         "flows/cli/scoring.py": "import flows.cli\n",
+        "flows/demo.py": "def f():\n    from flows.cli.common import progress\n",
+        "flows/launch.py": "def main():\n    from flows.cli import main\n",
     })
     bad = upward_imports(import_graph(root))
     assert bad == [
+        "flows.cli.common -> flows.cli.vab (a sub-app imports common, never another sub-app)",
         "flows.cli.scoring -> flows.cli (nobody inside flows/cli imports its __init__)",
         "flows.cli.vab -> flows.cli.scoring (a sub-app imports common, never another sub-app)",
+        "flows.demo -> flows.cli.common (the flows' runtime does not reach up into the command line)",
         "schemas.s -> tasks.x (schemas/ must not import tasks/)",
         "tasks.panel.app -> tasks.beauty.study (the panel shell imports no protocol)",
         "tasks.x -> flows.y (tasks/ must not import flows/)",

@@ -2,9 +2,8 @@
 (ARCHITECTURE.md section 7). Imported by nobody inside this package: the areas import
 flows/cli/common.py (errors, settings, output, logging), never each other.
 
-- scoring.py: ingest, score, nightly, hpsv3, compare, breakdown, report, leaderboard, runs, sql,
-  catalog, demo; production.py: backfill and serve (a Prefect server); imports.py: import-scores,
-  import-verdicts
+- scoring.py: ingest, score, backfill, nightly, hpsv3, compare, breakdown, report, leaderboard,
+  runs, sql, catalog, serve (a Prefect server), demo; imports.py: import-scores, import-verdicts
 - reference.py, judges.py, models.py, study.py (with publishing), panel.py, vab.py (with run and
   the official toolkit), vab_people.py (`vab panel`), warm.py
 
@@ -19,7 +18,7 @@ from typing import Annotated
 
 import typer
 
-from flows.cli import imports, production, scoring
+from flows.cli import imports, scoring
 from flows.cli.judges import judges_app
 from flows.cli.models import models_app
 from flows.cli.panel import panel_app
@@ -50,9 +49,9 @@ def _global_options(
 
 # The top-level commands, in the order `imagebench --help` lists them; then the sub-apps.
 for command in (
-    scoring.ingest, scoring.score, production.backfill, scoring.nightly, scoring.hpsv3, imports.import_scores,
+    scoring.ingest, scoring.score, scoring.backfill, scoring.nightly, scoring.hpsv3, imports.import_scores,
     imports.import_verdicts, scoring.compare, scoring.breakdown, scoring.report, scoring.leaderboard, scoring.runs,
-    scoring.sql, scoring.catalog, production.serve, scoring.demo,
+    scoring.sql, scoring.catalog, scoring.serve, scoring.demo,
 ):
     app.command()(command)
 app.add_typer(reference_app, name="reference")

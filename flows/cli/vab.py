@@ -400,7 +400,9 @@ def vab_summarize(
         by_judge: dict[str, list[dict]] = {}
         for r in rows:
             by_judge.setdefault(r["judge"], []).append(r)
-        scores = official_summary(tasks, {j: by_judge[j] for j in sorted(by_judge)})
+        # summarize.py reads sorted(results_dir.glob("*.json")): judges in the order of their file
+        # names <model>.json (gpt-4o-mini.json before gpt-4o.json), after "Random Guess"
+        scores = official_summary(tasks, {j: by_judge[j] for j in sorted(by_judge, key=lambda j: j + ".json")})
         others = sorted(set(by_judge) - set(scores))
         if fmt is SummaryFormat.json:
             typer.echo(json.dumps(scores, indent=2, ensure_ascii=False))

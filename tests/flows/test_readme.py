@@ -51,7 +51,7 @@ def test_the_demos_next_steps_work_when_pasted_into_a_new_shell(tmp_path):
     import sys
     from pathlib import Path
 
-    from flows.cli.scoring import DEMO_NEXT_COMMANDS, next_steps_text
+    from flows.demo import DEMO_NEXT_COMMANDS, next_steps_text
 
     bin_dir = Path(sys.executable).parent.absolute()  # as the demo sees it: .venv/bin, not resolved
     assert (bin_dir / "imagebench").is_file()

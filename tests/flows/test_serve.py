@@ -246,7 +246,7 @@ def test_prefect_yaml_matches_the_flows_and_deployments_py():
     assert sched["cron"] == deployments.DEFAULT_NIGHTLY_CRON and sched["timezone"] == deployments.DEFAULT_NIGHTLY_TZ
     assert not by_name["backfill"]["schedules"]
     # The names `imagebench backfill` asks the server for are the ones deployed.
-    from flows.cli.production import BACKFILL_DEPLOYMENT
+    from flows.cli.scoring import BACKFILL_DEPLOYMENT
 
     assert BACKFILL_DEPLOYMENT == deployments.BACKFILL_DEPLOYMENT == "score-model/backfill"
     assert deployments.NIGHTLY_DEPLOYMENT == "nightly/nightly"
