@@ -68,8 +68,20 @@ def _add(bucket: dict, pt: str, *rights: bool) -> None:
         b[i] += int(r)
 
 
-def judge_scores(trials: Iterable[OfficialTrial]) -> dict:
-    """summarize.py's scores of one judge (its ``compute_model_scores`` value)."""
+@dataclass
+class _Tally:
+    """One judge's counts: [total, right...] buckets per prompt type, overall, by release domain and
+    by image count, for p^3 (per task) and, per trial index 0..2, for ap@1 (per trial)."""
+
+    total: dict
+    by_domain: dict[str, dict]
+    by_n: dict[int, dict]
+    per_trial: list[dict]
+    per_trial_domain: list[dict[str, dict]]
+    per_trial_n: list[dict[int, dict]]
+
+
+def _tally(trials: Iterable[OfficialTrial]) -> _Tally:
     groups: dict[tuple[str, str], list[OfficialTrial]] = defaultdict(list)
     for t in trials:
         if t.prompt_type not in OFFICIAL_PROMPT_TYPES:
@@ -108,26 +120,35 @@ def judge_scores(trials: Iterable[OfficialTrial]) -> dict:
                     tb, tw = bool(t.best_right), bool(t.worst_right)
                     for b in (per_trial[t.trial], per_trial_domain[t.trial][domain], per_trial_n[t.trial][n]):
                         _add(b, pt, tb, tw, tb and tw)
+    return _Tally(total, by_domain, by_n, per_trial, per_trial_domain, per_trial_n)
 
-    def acc(b: dict, pt: str):
-        return _share(b[pt][1], b[pt][0])
 
-    def acc_bw(b: dict) -> tuple:
-        t, rb, rw, both = b[PICK_BEST_AND_WORST]
-        return (0, 0, 0) if t == 0 else (rb / t, rw / t, both / t)
+def _acc(b: dict, pt: str) -> float | int:
+    return _share(b[pt][1], b[pt][0])
 
+
+def _acc_bw(b: dict) -> tuple:
+    t, rb, rw, both = b[PICK_BEST_AND_WORST]
+    return (0, 0, 0) if t == 0 else (rb / t, rw / t, both / t)
+
+
+def judge_scores(trials: Iterable[OfficialTrial]) -> dict:
+    """summarize.py's scores of one judge (its ``compute_model_scores`` value)."""
+    tally = _tally(trials)
+    total, by_domain, by_n = tally.total, tally.by_domain, tally.by_n
+    per_trial, per_trial_domain, per_trial_n = tally.per_trial, tally.per_trial_domain, tally.per_trial_n
     has_worst = total[PICK_WORST][0] > 0
-    ab, aw, aboth = acc_bw(total)
-    out: dict = {PICK_BEST: {"accuracy": acc(total, PICK_BEST)},
+    ab, aw, aboth = _acc_bw(total)
+    out: dict = {PICK_BEST: {"accuracy": _acc(total, PICK_BEST)},
                  PICK_BEST_AND_WORST: {"accuracy_best": ab, "accuracy_worst": aw, "accuracy_both": aboth},
                  "by_domain": {}, "by_n_images": {}}
     if has_worst:
-        out[PICK_WORST] = {"accuracy": acc(total, PICK_WORST)}
+        out[PICK_WORST] = {"accuracy": _acc(total, PICK_WORST)}
 
     def breakdown(b: dict) -> dict:
-        d = {PICK_BEST: acc(b, PICK_BEST), "pick_best_and_worst_both": acc_bw(b)[2]}
+        d = {PICK_BEST: _acc(b, PICK_BEST), "pick_best_and_worst_both": _acc_bw(b)[2]}
         if has_worst:
-            d[PICK_WORST] = acc(b, PICK_WORST)
+            d[PICK_WORST] = _acc(b, PICK_WORST)
         return d
 
     for d in OFFICIAL_DOMAINS:
@@ -136,15 +157,44 @@ def judge_scores(trials: Iterable[OfficialTrial]) -> dict:
         out["by_n_images"][str(n)] = breakdown(by_n[n])
 
     def ap1(buckets: Sequence[dict]) -> dict:
-        d = {PICK_BEST: _mean([acc(b, PICK_BEST) for b in buckets if b[PICK_BEST][0]]),
-             "pick_best_and_worst_both": _mean([acc_bw(b)[2] for b in buckets if b[PICK_BEST_AND_WORST][0]])}
+        d = {PICK_BEST: _mean([_acc(b, PICK_BEST) for b in buckets if b[PICK_BEST][0]]),
+             "pick_best_and_worst_both": _mean([_acc_bw(b)[2] for b in buckets if b[PICK_BEST_AND_WORST][0]])}
         if has_worst:
-            d[PICK_WORST] = _mean([acc(b, PICK_WORST) for b in buckets if b[PICK_WORST][0]])
+            d[PICK_WORST] = _mean([_acc(b, PICK_WORST) for b in buckets if b[PICK_WORST][0]])
         return d
 
     out["avg_pass_at_1"] = ap1(per_trial)
     out["avg_pass_at_1_by_domain"] = {d: ap1([p[d] for p in per_trial_domain]) for d in OFFICIAL_DOMAINS}
     out["avg_pass_at_1_by_n_images"] = {str(n): ap1([p[n] for p in per_trial_n]) for n in sorted(by_n)}
+    return out
+
+
+def prompt_type_scores(trials: Iterable[OfficialTrial]) -> dict[str, dict]:
+    """One judge's figures per official prompt type with at least one counted task, from the same
+    counts as ``judge_scores`` (the report page's table): ``{prompt_type: {"tasks", "p3_best",
+    "p3_worst", "p3_both", "ap1_best", "ap1_worst", "ap1_both"}}``, fractions 0-1, None where the
+    prompt type does not ask it (pick_best has no worst, pick_worst no best). What summarize.py
+    reports is exactly ``judge_scores``'s number (p^3 = ``accuracy``/``accuracy_*``, ap@1 =
+    ``avg_pass_at_1``); pick_best_and_worst's ap@1 of best and of worst alone, which summarize.py
+    does not print, follow its rule for both (the mean over trial indexes of the parsed answers'
+    share right). ``tasks``: the tasks counted (those with a non-error trial of that type)."""
+    tally = _tally(trials)
+    out: dict[str, dict] = {}
+    for pt in OFFICIAL_PROMPT_TYPES:
+        n = tally.total[pt][0]
+        if not n:
+            continue
+        res = dict.fromkeys(("p3_best", "p3_worst", "p3_both", "ap1_best", "ap1_worst", "ap1_both"))
+        asked = [b for b in tally.per_trial if b[pt][0]]
+        if pt == PICK_BEST_AND_WORST:
+            res["p3_best"], res["p3_worst"], res["p3_both"] = _acc_bw(tally.total)
+            for i, key in enumerate(("ap1_best", "ap1_worst", "ap1_both")):
+                res[key] = _mean([_acc_bw(b)[i] for b in asked])
+        else:
+            side = "best" if pt == PICK_BEST else "worst"
+            res["p3_" + side] = _acc(tally.total, pt)
+            res["ap1_" + side] = _mean([_acc(b, pt) for b in asked])
+        out[pt] = {"tasks": n, **res}
     return out
 
 

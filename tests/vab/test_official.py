@@ -198,6 +198,32 @@ def test_release_results_and_summary_equal_the_official(home, tmp_path) -> None:
     assert board["judge-two"]["strict_both"] == 0.0
 
 
+def test_summarize_orders_judges_as_summarize_py_orders_result_files(home, tmp_path) -> None:
+    """summarize.py puts "Random Guess" first, then reads ``sorted(results_dir.glob("*.json"))``:
+    judges in the order of their file names ``<model>.json``, not of their names. "gpt-4o-mini.json"
+    sorts before "gpt-4o.json" ('-' before '.'), which sorts before "gpt-4o2.json" ('.' before '2');
+    by name alone gpt-4o would come first."""
+    tasks = json.loads((FIX / "tasks.json").read_text())
+    assert _invoke("vab", "import-sets", write_release(tmp_path / "rel", tasks), "--name", "rel").exit_code == 0
+    for name, f in (("gpt-4o", "judge-one.json"), ("gpt-4o2", "judge-two.json"), ("gpt-4o-mini", "judge-two.json")):
+        r = _invoke("vab", "import-results", FIX / "results" / f, "--sets", "rel", "--judge", name)
+        assert r.exit_code == 0, r.output
+    official_order = ["Random Guess", "gpt-4o-mini", "gpt-4o", "gpt-4o2"]
+    r = _invoke("vab", "summarize", "--sets", "rel", "--format", "json")
+    assert r.exit_code == 0, r.output
+    got = json.loads(r.stdout)
+    assert list(got) == official_order
+    want = json.loads((FIX / "summary.json").read_text())
+    _close(got["gpt-4o"], want["judge-one"])
+    _close(got["gpt-4o-mini"], want["judge-two"])
+    r = _invoke("vab", "summarize", "--sets", "rel")
+    assert r.exit_code == 0, r.output
+    # every table (overall, 3 by domain, 3 by image count) lists the judges in that order
+    models = [line.split("|")[0].strip() for line in r.stdout.splitlines()
+              if line.startswith("   ") and "|" in line and not line.split("|")[0].strip() == "Model"]
+    assert models == official_order * 7
+
+
 def test_release_layout_checked_row_by_row(home, tmp_path) -> None:
     from tasks.vab.sets import BadSets, import_any, load_sets, trial_scheme
 

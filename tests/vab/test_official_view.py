@@ -46,7 +46,10 @@ def test_two_image_worst_is_the_image_not_named_best():
 def test_the_three_official_prompt_types_by_hand():
     best_rows = _typed([_right("T1", 0), _row("right", "T1", 1, None, None, "unparsable"), _right("T1", 2)]
                        + [_err("right", "T2", k) for k in range(3)], "pick_best")
-    worst_rows = _typed([_right("T3", k) for k in range(3)] + [_right("T2", 0)], "pick_worst")  # T2: no worst label
+    # T2 has 2 images and no worst label: eval.py asks pick_worst all the same, the worst being the image
+    # not labelled best (stored 1): right in trials 0 and 2, trial 1 names the best (stored 2) -> wrong
+    t2_worst = [_row("right", "T2", 0, None, 1), _row("right", "T2", 1, None, 1), _row("right", "T2", 2, None, 2)]
+    worst_rows = _typed([_right("T3", k) for k in range(3)] + t2_worst, "pick_worst")
     both_rows = _typed([_right("T4", k) for k in range(3)], "pick_best_and_worst")
     got = official_scores(TASKS, best_rows + worst_rows + both_rows)["right"]
     assert list(got) == ["pick_best", "pick_worst", "pick_best_and_worst"]
@@ -55,7 +58,9 @@ def test_the_three_official_prompt_types_by_hand():
     assert (pb["tasks"], pb["p3_best"], pb["ap1_best"]) == (1, 0.0, pytest.approx(2 / 3))
     assert pb["p3_both"] is None and pb["ap1_worst"] is None
     pw = got["pick_worst"]
-    assert (pw["tasks"], pw["p3_worst"], pw["ap1_worst"], pw["p3_best"]) == (1, 1.0, 1.0, None)
+    assert [r["worst"] for r in t2_worst] == [1, 2, 1]  # T2's orders: [1, 2], [2, 1], [2, 1]
+    # T3 right x3, T2 wrong in trial 1: p^3 1/2; ap@1 per trial 2/2, 1/2, 2/2
+    assert (pw["tasks"], pw["p3_worst"], pw["ap1_worst"], pw["p3_best"]) == (2, 0.5, pytest.approx(5 / 6), None)
     bw = got["pick_best_and_worst"]
     assert (bw["tasks"], bw["p3_both"], bw["ap1_both"]) == (1, 1.0, 1.0)
 
@@ -86,8 +91,6 @@ def test_the_page_and_vab_summarize_agree_on_random_judges():
         for t in TASKS:
             n = len(t.images)
             for ptype in ("pick_best", "pick_worst", "pick_best_and_worst"):
-                if ptype == "pick_worst" and t.worst is None:
-                    continue
                 for k in range(3):
                     state = rng.choice(["ok", "ok", "ok", "unparsable", "error"])
                     best = rng.randint(1, n) if state == "ok" and ptype != "pick_worst" else None
@@ -97,15 +100,20 @@ def test_the_page_and_vab_summarize_agree_on_random_judges():
                     rows.append(dict(_row("j", t.task_id, k, None, None, state), best=best, worst=worst, prompt_type=ptype))
         page = official_scores(TASKS, rows).get("j", {})
         summary = judge_scores(official_trials(TASKS, rows))
-        if "pick_best" in page:
-            assert page["pick_best"]["p3_best"] == pytest.approx(summary["pick_best"]["accuracy"])
-            assert page["pick_best"]["ap1_best"] == pytest.approx(summary["avg_pass_at_1"]["pick_best"])
-        if "pick_worst" in page:
-            assert page["pick_worst"]["p3_worst"] == pytest.approx(summary["pick_worst"]["accuracy"])
-            assert page["pick_worst"]["ap1_worst"] == pytest.approx(summary["avg_pass_at_1"]["pick_worst"])
-        if "pick_best_and_worst" in page:
-            both = summary["pick_best_and_worst"]
-            got = page["pick_best_and_worst"]
-            assert (got["p3_best"], got["p3_worst"], got["p3_both"]) == pytest.approx(
-                (both["accuracy_best"], both["accuracy_worst"], both["accuracy_both"]))
-            assert got["ap1_both"] == pytest.approx(summary["avg_pass_at_1"]["pick_best_and_worst_both"])
+        zero = {"p3_best": 0, "p3_worst": 0, "p3_both": 0, "ap1_best": 0, "ap1_worst": 0, "ap1_both": 0}
+        pb, pw, bw = (page.get(p, zero) for p in ("pick_best", "pick_worst", "pick_best_and_worst"))  # none counted: 0
+        assert pb["p3_best"] == pytest.approx(summary["pick_best"]["accuracy"], abs=1e-12)
+        assert pb["ap1_best"] == pytest.approx(summary["avg_pass_at_1"]["pick_best"], abs=1e-12)
+        assert pw["p3_worst"] == pytest.approx(summary.get("pick_worst", {}).get("accuracy", 0), abs=1e-12)
+        assert pw["ap1_worst"] == pytest.approx(summary["avg_pass_at_1"].get("pick_worst", 0), abs=1e-12)
+        both = summary["pick_best_and_worst"]
+        assert (bw["p3_best"], bw["p3_worst"], bw["p3_both"]) == pytest.approx(
+            (both["accuracy_best"], both["accuracy_worst"], both["accuracy_both"]), abs=1e-12)
+        assert bw["ap1_both"] == pytest.approx(summary["avg_pass_at_1"]["pick_best_and_worst_both"], abs=1e-12)
+        # the breakdowns by image count too: the 2-image tasks (T2) and the others
+        for n, want in summary["by_n_images"].items():
+            sub = [t for t in TASKS if str(len(t.images)) == n]
+            part = official_scores(sub, [r for r in rows if r["task_id"] in {t.task_id for t in sub}]).get("j", {})
+            assert part.get("pick_best", zero)["p3_best"] == pytest.approx(want["pick_best"], abs=1e-12)
+            assert part.get("pick_worst", zero)["p3_worst"] == pytest.approx(want.get("pick_worst", 0), abs=1e-12)
+            assert part.get("pick_best_and_worst", zero)["p3_both"] == pytest.approx(want["pick_best_and_worst_both"], abs=1e-12)

@@ -126,6 +126,48 @@ def test_official_metrics_and_ours_by_hand(site):
     assert right[3].startswith("100.0 [6") and right[4] == "[100.0, 100.0]"
 
 
+def test_the_pages_official_metrics_are_summarize_pys_on_the_toolkit_fixture(tmp_path, monkeypatch):
+    """The toolkit-made fixture (tests/vab/fixtures/official: eval.py result files and the JSON
+    summarize.py wrote for them), imported as a user would: every official prompt type's p^3 and
+    ap@1 on the page is summarize.py's, 2-image pick_worst included (eval.py asks it on every task,
+    the other image being the worst)."""
+    import json
+
+    from schemas.settings import load_settings
+    from tasks.report.vab import build_vab_pages
+    from tasks.vab.results_import import import_results
+    from tasks.vab.sets import import_any
+    from tests.vab.test_official import FIX, write_release
+
+    monkeypatch.setenv("IMAGEBENCH_HOME", str(tmp_path / "home"))
+    settings = load_settings()
+    import_any(settings, write_release(tmp_path / "rel", json.loads((FIX / "tasks.json").read_text())), "fix")
+    for f in ("judge-one.json", "judge-two.json"):
+        import_results(settings, FIX / "results" / f, "fix", None)
+    links = build_vab_pages(settings, tmp_path / "report", n_resamples=50)
+    html = (tmp_path / "report" / links[0].page).read_text()
+    # judge-one's pick_worst, as summarize.py reports it: 77.8% p^3, 88.4% ap@1, over all 9 tasks
+    # (the page once left out the three 2-image tasks: 66.7% and 82.2% over 6)
+    c = _cells(html, 'data-judge="judge-one" data-prompt-type="pick_worst"')
+    assert (c[2], c[4], c[7]) == ("9", "77.8", "88.4")
+    # every official figure summarize.py wrote (judge-two answered pick_best only: summarize.py
+    # writes 0 for the best-and-worst it never asked, the page shows no row)
+    want = json.loads((FIX / "summary.json").read_text())
+    for judge, ptypes in (("judge-one", ("pick_best", "pick_worst", "pick_best_and_worst")), ("judge-two", ("pick_best",))):
+        s = want[judge]
+        cols = {"pick_best": {3: s["pick_best"]["accuracy"], 6: s["avg_pass_at_1"]["pick_best"]},
+                "pick_worst": {4: s.get("pick_worst", {}).get("accuracy"), 7: s["avg_pass_at_1"].get("pick_worst")},
+                "pick_best_and_worst": {3: s["pick_best_and_worst"]["accuracy_best"], 4: s["pick_best_and_worst"]["accuracy_worst"],
+                                        5: s["pick_best_and_worst"]["accuracy_both"], 8: s["avg_pass_at_1"]["pick_best_and_worst_both"]}}
+        for ptype, expect in cols.items():
+            row = f'data-judge="{judge}" data-prompt-type="{ptype}"'
+            assert (row in html) == (ptype in ptypes), (judge, ptype)
+            if ptype in ptypes:
+                c = _cells(html, row)
+                assert {i: c[i] for i in expect} == {i: f"{100 * v:.1f}" for i, v in expect.items()}, (judge, ptype, c)
+    assert "pick_worst" not in want["judge-two"] and want["judge-two"]["pick_best_and_worst"]["accuracy_both"] == 0
+
+
 FOUND = find_browser()
 
 
