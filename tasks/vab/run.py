@@ -19,7 +19,7 @@ from typing import Any
 import pyarrow as pa
 
 from schemas.vab import (OFFICIAL_PROMPT_TYPES, PICK_BEST, PICK_BEST_AND_WORST, PROMPT_COMBINED, TRIAL_SCHEME_OFFICIAL, VAB_TRIALS,
-                         VabTask)
+                         VabTask, check_judge_name)
 from tasks.vab.judges import AnswerCache, HPSv3ImageScorer, ScalarSetJudge, SetJudge, SharpnessScorer, TrialAnswer, TrialItem, VlmSetJudge, judge_with_cache
 from tasks.vab.prompts import OFFICIAL_PROMPT_VERSION, VAB_PROMPT_VERSION
 from tasks.vab.trials import map_back, trial_orders
@@ -99,6 +99,7 @@ def resolve_judges(settings: Any, names: Sequence[str], prompt_version: str = VA
             # uncalibrated demo weights are detected from the checkpoint's metadata by the scorer
             specs.append(JudgeSpec(name, "scalar", hpsv3=(str(settings.hpsv3_base_model), str(settings.hpsv3_checkpoint), False)))
         elif name in endpoints:
+            check_judge_name(name)  # a name the VAB tables would refuse fails now, not after judging
             ep = endpoints[name]
             if ep.backend not in ("openai", "transformers"):
                 raise ValueError(f"judge {name!r}: backend {ep.backend!r} cannot rank image sets (openai or transformers VLMs only)")

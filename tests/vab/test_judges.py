@@ -101,6 +101,25 @@ def test_unknown_judge_name_is_one_clear_error(tmp_path: Path, monkeypatch) -> N
     assert [s.name for s in resolve_judges(load_settings(), ["sharpness", "sharpness"])] == ["sharpness"]
 
 
+def test_an_endpoint_judge_whose_name_the_vab_tables_refuse_fails_before_any_work(tmp_path: Path, monkeypatch) -> None:
+    """The endpoints config allows ``a..b``; VAB's one name rule does not: `vab run` says so before
+    judging anything (it used to judge every trial and fail at the write)."""
+    import yaml
+
+    from schemas.settings import load_settings
+    from tasks.vab.run import resolve_judges
+
+    cfg = tmp_path / "judges.yaml"
+    cfg.write_text(yaml.safe_dump({"judges": {name: {"backend": "openai", "model": "m", "base_url": "http://127.0.0.1:9/v1"}
+                                              for name in ("a..b", "fine")}}))
+    monkeypatch.setenv("IMAGEBENCH_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("IMAGEBENCH_JUDGES_CONFIG", str(cfg))
+    monkeypatch.delenv("IMAGEBENCH_CONFIG", raising=False)
+    assert [s.name for s in resolve_judges(load_settings(), ["fine"])] == ["fine"]
+    with pytest.raises(ValueError, match=r"judge name 'a\.\.b' is not allowed: .*no '\.\.'"):
+        resolve_judges(load_settings(), ["fine", "a..b"])
+
+
 @pytest.mark.slow
 def test_local_transformers_vlm_sees_every_image_of_the_trial_in_one_turn(tmp_path: Path, monkeypatch) -> None:
     """A tiny random Qwen2-VL: one generate() per trial with one image grid per shown image; its
