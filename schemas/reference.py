@@ -41,7 +41,7 @@ class ScorerIdentity(BaseModel):
 class ScorerRuntime(BaseModel):
     """How mu was computed beyond the model itself: the software, device and arithmetic of one
     run. It may change between runs (an upgrade, another GPU); the golden-set canary
-    (tasks/canary.py) checks that it still gives the reference's mu within tolerance. Within one
+    (tasks/scores/golden.py) checks that it still gives the reference's mu within tolerance. Within one
     runtime, the same images in the same forward batches give the same bits (docs/RELIABILITY.md)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)

