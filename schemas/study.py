@@ -5,7 +5,7 @@ Where things live (docs/BEAUTY.md): a study's working state is under
 ``$IMAGEBENCH_HOME/studies/<study_id>/``: ``study.yaml`` (a copy of the definition as opened),
 ``preregistration.json`` (create-once, pinned in that folder's ``SHA256SUMS``), ``images/``
 (blinded copies under opaque ids), ``panel-store.json`` (which panel database the study lives in:
-``PanelStoreRecord``) and ``panel.sqlite`` (the panel store: judges, queues, answers, memos'
+``schemas.panel.PanelStoreRecord``) and ``panel.sqlite`` (the panel store: judges, queues, answers, memos'
 metadata; or PostgreSQL). Memos go to the object store beside the study: ``studies/<study_id>/memos/``.
 """
 
@@ -291,18 +291,3 @@ def salted_judge_id(salt: str, label: str) -> str:
     import hashlib
 
     return hashlib.sha256((salt + label).encode()).hexdigest()
-
-
-PANEL_STORE_RECORD_FILE = "panel-store.json"  # in the study's folder (Beauty and VAB), create-once
-
-
-class PanelStoreRecord(BaseModel):
-    """Which panel database a study lives in, written once by ``open`` (``panel-store.json`` in
-    the study's folder, never exported). ``store_id`` is the random id that database received when
-    it was created (its ``panel_store`` table); ``url`` is where it was, without any password, for
-    messages only: a database moved to another host or path keeps its id and is still the study's."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-    url: str
-    store_id: str = Field(pattern=r"^[0-9a-f]{32}$")
-    recorded_at: str

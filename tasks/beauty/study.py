@@ -24,9 +24,9 @@ from pathlib import Path
 import yaml
 from pydantic import ValidationError
 
+from schemas.panel import PANEL_STORE_RECORD_FILE
 from schemas.study import (
     HYPOTHESES,
-    PANEL_STORE_RECORD_FILE,
     PUBLISHED_GROUP_SIZES,
     STUDY_ID_RE,
     PreRegistration,

@@ -33,7 +33,7 @@ from sqlalchemy.engine import URL, Engine, make_url
 from sqlalchemy.exc import ArgumentError, IntegrityError, OperationalError
 from pydantic import ValidationError
 
-from schemas.study import PANEL_STORE_RECORD_FILE, PanelStoreRecord
+from schemas.panel import PANEL_STORE_RECORD_FILE, PanelStoreRecord
 
 URL_FORMS = "sqlite:///ABSOLUTE/PATH or postgresql+psycopg://USER[:PASSWORD]@HOST[:PORT]/DATABASE"
 IDENTITY_TABLE = "panel_store"
