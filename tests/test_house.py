@@ -24,7 +24,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 LAYERS = ("flows", "tasks", "schemas")
 MAX_LINES = 800
-PROTOCOLS = ("tasks.beauty", "tasks.vab")
+PROTOCOLS = ("tasks.beauty", "tasks.vab", "schemas.study", "schemas.vab")  # each protocol's code and contracts
 CLI_ENTRY_POINTS = ("flows.launch", "flows.warm_server")  # they run the app; nothing else below it may
 
 
@@ -195,6 +195,8 @@ def test_the_arrow_check_names_each_wrong_import(tmp_path):
         "schemas/s.py": "from tasks import x\n",
         "tasks/panel/__init__.py": "",
         "tasks/panel/app.py": "from tasks.beauty.study import S\n",
+        "tasks/panel/db.py": "from schemas.study import Record\n",
+        "schemas/study.py": "",
         "tasks/beauty/__init__.py": "",
         "tasks/beauty/study.py": "from tasks.panel import app\n",
         "flows/cli/__init__.py": "from flows.cli import vab\n",
@@ -212,5 +214,6 @@ def test_the_arrow_check_names_each_wrong_import(tmp_path):
         "flows.demo -> flows.cli.common (the flows' runtime does not reach up into the command line)",
         "schemas.s -> tasks.x (schemas/ must not import tasks/)",
         "tasks.panel.app -> tasks.beauty.study (the panel shell imports no protocol)",
+        "tasks.panel.db -> schemas.study (the panel shell imports no protocol)",
         "tasks.x -> flows.y (tasks/ must not import flows/)",
     ]
