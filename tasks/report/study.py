@@ -49,8 +49,14 @@ def study_page_context(study_id: str, tables: dict[str, pa.Table], title: str, q
     tools = [r["tool"] for r in ranked]
     metrics = {r["tool"]: r for r in pixel.to_pylist()}
     metric_cols = [(c, label) for c, label in METRIC_COLUMNS if any(m.get(c) is not None for m in metrics.values())]
+    # Quality control (issue 16 item 9): with any answer flagged, the index without them sits beside
+    # the index (same resamples and seed; "–" where no unflagged answer of the tool is left).
+    n_flagged = sum(r.get("flagged_answers") or 0 for r in ranked)
     rows = [{"tool": r["tool"], "rank": r["rank"] if r["rank"] is not None else "–",
              "bi": _ci(r["beauty_index"], r["beauty_index_lo"], r["beauty_index_hi"]), "answers": r["answers"],
+             "flagged": r.get("flagged_answers") or 0,
+             "bi_unflagged": _ci(r.get("beauty_index_unflagged"), r.get("beauty_index_unflagged_lo"),
+                                 r.get("beauty_index_unflagged_hi")),
              "metrics": [(_ci(metrics[r["tool"]]["fid"], metrics[r["tool"]]["fid_lo"], metrics[r["tool"]]["fid_hi"])
                           if c == "fid" else _f(metrics[r["tool"]].get(c), 3 if c == "kid" else 2)) if r["tool"] in metrics else "–"
                          for c, _ in metric_cols]} for r in ranked]
@@ -83,7 +89,7 @@ def study_page_context(study_id: str, tables: dict[str, pa.Table], title: str, q
     sources = sorted(set(answers.column("source").to_pylist()))
     return {
         "study_id": study_id, "study_title": title or study_id, "question": question, "notes": notes,
-        "n_answers": answers.num_rows, "n_judges": len(set(answers.column("judge_id").to_pylist())),
+        "n_answers": answers.num_rows, "n_flagged": n_flagged, "n_judges": len(set(answers.column("judge_id").to_pylist())),
         "source": ", ".join(sources), "prereg": prereg_text, "rows": rows, "metric_cols": metric_cols,
         "metric_note": metric_note, "bars": Markup(beauty_index_bars(ranked)), "heatmap": Markup(hm),
         "groups_heatmap": Markup(ghm), "groups": groups, "group_rows": group_rows, "hypotheses": hyp_rows,
@@ -133,8 +139,8 @@ def build_study_pages(settings, out_dir: Path) -> list[StudyLink]:
         flagged = sum(r["flagged_answers"] or 0 for r in tables["study_index"].to_pylist() if r["panel_group"] == "all")
         if flagged:  # quality control (tasks/beauty/quality.py): the index is also computed without them
             notes.append(f"quality control: {flagged} of {tables['study_answers'].num_rows} answers flagged (image not loaded, "
-                         "or answered faster than the study's threshold); the Beauty Index without them is in the "
-                         "study_index table (beauty_index_unflagged)")
+                         "or answered faster than the study's threshold); the Beauty Index without them is beside "
+                         "the index in the table below (study_index: beauty_index_unflagged)")
         weights = set(tables["study_pixel_metrics"].column("weights").to_pylist())
         if "TINY RANDOM" in weights:
             notes.append("pixel metrics from TINY RANDOM networks (no weights given): they show the pipeline only")

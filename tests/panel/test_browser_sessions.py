@@ -1,7 +1,9 @@
 """Headless Chromium against the real app (issue 16 items 1, 9, 10 and 12's layout): a judge who
 clicks their link on a page of another site gets in; one cookie per role, Lax, expiring; the same
-link opened again ends the older session; a scripted judge who never loads an image is flagged
-and a judge who looks is not; the memo controls fit a 1280x757 window."""
+link opened again ends the older session; images stop after `study close`; `study relink` kills
+the old link and its session and the new link resumes where the judge was; a scripted judge who
+never loads an image is flagged and a judge who looks is not; the memo controls fit a 1280x757
+window."""
 
 from __future__ import annotations
 
@@ -110,6 +112,113 @@ def test_roles_keep_their_own_cookie_and_the_newer_session_wins(browser, panel_s
     drv.add_cookie({k: older[k] for k in ("name", "value", "path", "httpOnly", "sameSite")})
     drv.get(f"{base}/judge")
     assert "Open your link" in drv.page_source and not drv.find_elements(By.ID, "progress")
+
+
+def _image_shown(drv) -> bool:
+    return drv.execute_script("var i=document.getElementById('stimulus');return !!i&&i.complete&&i.naturalWidth>0;")
+
+
+def _cli(monkeypatch, settings, *args: str):
+    """`imagebench ARGS` in this process, on the panel's workspace (what a lab types)."""
+    from typer.testing import CliRunner
+
+    from flows.cli import app
+
+    for key, value in {"IMAGEBENCH_HOME": str(settings.home), "IMAGEBENCH_STORE": str(settings.store),
+                       "IMAGEBENCH_REFERENCE_DIR": str(settings.reference_dir)}.items():
+        monkeypatch.setenv(key, value)
+    r = CliRunner().invoke(app, list(args))
+    assert r.exit_code == 0, r.output
+    return r
+
+
+def test_images_stop_after_study_close(browser, panel_settings, monkeypatch):
+    """A judge mid-study sees the images; after `imagebench study close` a reload shows no image
+    and the page says the study is closed, and the image the judge was shown gets a 404 (in
+    this study of its own: closing the shared one would end every other test's judges)."""
+    from selenium.webdriver.common.by import By
+
+    from tests.panel.conftest import open_new_study, serve
+
+    opened = open_new_study(panel_settings, "browser-close", [("j1", "photographers")], memo=False)
+    drv = browser
+    with serve(panel_settings, opened.study_id) as s:
+        drv.delete_all_cookies()
+        drv.get(f"{s.url}/j/{opened.tokens['j1']}")
+        _wait(drv, _image_shown)
+        drv.find_element(By.TAG_NAME, "body").send_keys("y")  # mid-study: one answered, the next shown
+        _wait(drv, lambda d: _position(d) == 1)
+        _wait(drv, _image_shown)
+        src = drv.find_element(By.ID, "stimulus").get_attribute("src")
+        assert src.startswith(f"{s.url}/img/")
+
+        r = _cli(monkeypatch, panel_settings, "study", "close", opened.study_id)
+        assert f"study {opened.study_id} closed" in r.output
+
+        drv.refresh()
+        assert not drv.find_elements(By.ID, "stimulus") and _position(drv) is None
+        assert "is closed" in drv.find_element(By.ID, "message").text
+        # the same image asked for again by this browser, with the judge's live cookie
+        assert drv.get_cookie(COOKIES["judge"]) is not None
+        status = drv.execute_async_script(
+            "var done=arguments[arguments.length-1];"
+            "fetch(arguments[0],{credentials:'same-origin',cache:'no-store'}).then(r=>done(r.status),e=>done(String(e)));", src)
+        assert status == 404
+        loaded = drv.execute_async_script(
+            "var done=arguments[arguments.length-1], i=new Image();"
+            "i.onload=function(){done(i.naturalWidth)}; i.onerror=function(){done(0)}; i.src=arguments[0];", src)
+        assert loaded == 0
+
+
+def test_relink_kills_the_old_link_and_session_and_the_new_link_resumes(browser, panel_settings, monkeypatch):
+    """`imagebench study relink STUDY --judge LABEL`: in Chromium, the session the old link opened
+    ends at once (the cookie is still in the browser, refused), the old link no longer gets in,
+    and the new link resumes at the judge's place: the same image at the same position."""
+    from selenium.webdriver.common.by import By
+
+    from tests.panel.conftest import open_new_study, serve
+
+    opened = open_new_study(panel_settings, "browser-relink", [("j1", "photographers"), ("j2", "aphantasia")], memo=False)
+    drv = browser
+    answered = 2
+    with serve(panel_settings, opened.study_id) as s:
+        drv.delete_all_cookies()
+        drv.get(f"{s.url}/j/{opened.tokens['j1']}")
+        for k in range(answered):
+            _wait(drv, lambda d, k=k: _position(d) == k)
+            drv.find_element(By.ID, "yes" if k % 2 else "no").click()
+        _wait(drv, lambda d: _position(d) == answered)
+        at = (drv.find_element(By.ID, "progress").text,
+              drv.find_element(By.CSS_SELECTOR, "input[name=image_id]").get_attribute("value"))
+        old_cookie = drv.get_cookie(COOKIES["judge"])
+
+        r = _cli(monkeypatch, panel_settings, "study", "relink", opened.study_id, "--judge", "j1", "--url", s.url)
+        (line,) = [x for x in r.stdout.splitlines() if x.startswith("judge j1: ")]
+        new_link = line.split(": ", 1)[1]
+        assert new_link.startswith(f"{s.url}/j/") and opened.tokens["j1"] not in new_link
+
+        # the old session: its cookie is still in this browser, and the server refuses it
+        assert drv.get_cookie(COOKIES["judge"])["value"] == old_cookie["value"]
+        drv.get(f"{s.url}/judge")
+        assert "Open your link" in drv.page_source and _position(drv) is None
+        # the old link: no longer gets in, and sets no session
+        drv.delete_all_cookies()
+        drv.get(f"{s.url}/j/{opened.tokens['j1']}")
+        assert "Link not valid" in drv.page_source and _position(drv) is None
+        assert drv.get_cookie(COOKIES["judge"]) is None
+        # the new link: in, at the place the judge had reached (not back at the start)
+        drv.get(new_link)
+        assert drv.current_url == f"{s.url}/judge" and _position(drv) == answered
+        assert (drv.find_element(By.ID, "progress").text,
+                drv.find_element(By.CSS_SELECTOR, "input[name=image_id]").get_attribute("value")) == at
+        assert at[0] == f"Image {answered + 1} of {at[0].rsplit(' ', 1)[1]}"
+        _wait(drv, _image_shown)
+        drv.find_element(By.TAG_NAME, "body").send_keys("n")  # and answers on from there
+        _wait(drv, lambda d: _position(d) == answered + 1)
+        # the other judge's link was not touched
+        drv.delete_all_cookies()
+        drv.get(f"{s.url}/j/{opened.tokens['j2']}")
+        assert _position(drv) == 0
 
 
 def test_memo_controls_fit_a_1280x757_window(browser, panel_study, panel_server, tmp_path):
