@@ -7,7 +7,9 @@ written it is verified whole:
   unlisted file);
 - ``preregistration.json`` parses, names the bundle's study and the same prompt suite (by sha256)
   as this workspace pins, and was written before every answer (``tasks.beauty.prereg``: a plan
-  written after the data is no pre-registration, so such a bundle is refused);
+  written after the data is no pre-registration, so such a bundle is refused). The bundle's times
+  are floored to the minute but never to before the plan (``tasks.beauty.export.export_time``), so
+  this verdict is the one the exporting lab's own workspace gives, answer for answer;
 - ``study.json`` and the answers fit each other (tools, groups, prompts of the suite, one answer
   per judge and image, answered at or after shown).
 

@@ -2,7 +2,8 @@
 
     answers.parquet / answers.csv   one row per judge x image: salted-hash judge id, panel group,
                                     prompt, tool, answer, shown_at, answered_at (floored to the
-                                    minute), memo file; rows sorted by judge, tool, prompt
+                                    minute, never to before the plan: export_time), memo file;
+                                    rows sorted by judge, tool, prompt
     yes_rates.csv, beauty_index.csv, hypotheses.csv, pixel_metrics.csv   the analysis (lake tables)
     study.json                      the study definition, judges replaced by the panel's counts
     preregistration.json            the pinned plan, byte for byte (when the study was opened; a
@@ -30,6 +31,7 @@ import os
 import shutil
 import tempfile
 from collections import Counter
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pyarrow as pa
@@ -80,6 +82,38 @@ def floor_time(ts):
     return ts.replace(second=0, microsecond=0)
 
 
+def plan_time(prereg) -> datetime | None:
+    """When the plan was pinned (``created_at`` as an aware UTC datetime), or None when there is
+    no plan to compare answers with."""
+    if prereg is None or prereg.created_at == "not pre-registered":
+        return None
+    ts = datetime.fromisoformat(prereg.created_at.replace("Z", "+00:00"))
+    return (ts if ts.tzinfo else ts.replace(tzinfo=UTC)).astimezone(UTC)
+
+
+def export_time(ts, created: datetime | None):
+    """An answer time as the bundle publishes it (None stays None):
+
+    - ``ts`` at or after the plan's ``created_at``: ``max(floor_time(ts), created_at)``;
+    - ``ts`` before it (or no plan): ``floor_time(ts)``, which is before it too.
+
+    So a bundle's times stand on the same side of ``created_at`` as the real ones, answer for
+    answer, and ``tasks.beauty.prereg.status_of`` gives the bundle (`study import-bundle`) exactly
+    the verdict it gives the study at home: a study answered in the minute it was opened stays
+    pre-registered, and one whose answers predate its plan is still refused with the same count.
+    Flooring alone would move an answer given seconds after the open to before it. Nothing new is
+    published: ``created_at`` is in preregistration.json, and the only thing told beyond the
+    minute is on which side of it an answer of that minute falls, which is what the verdict says.
+    The rule is monotone (answered_at stays >= shown_at) and idempotent (a re-exported imported
+    bundle keeps its times)."""
+    if ts is None:
+        return None
+    floored = floor_time(ts)
+    if created is not None and ts >= created:
+        return max(floored, created)
+    return floored
+
+
 def _datasheet(ctx, prereg_sha: str | None, counts: Counter, answers: pa.Table, index: pa.Table, memos: int, notes: list[str],
                status=None) -> str:
     d = ctx.definition
@@ -120,7 +154,9 @@ def _datasheet(ctx, prereg_sha: str | None, counts: Counter, answers: pa.Table, 
               "- `answers.parquet` / `answers.csv`: one row per judge x image. `judge_id`: salted sha256 of the "
               "judge's label (the salt is not published, so ids cannot be recomputed from a guessed name); "
               "`panel_group`; `prompt_id`, `prompt`; `tool`; `answer` (yes/no; Parquet: boolean); `shown_at`, "
-              f"`answered_at` (UTC, floored to {TIME_RESOLUTION_S} s; the place in the judge's queue is not published, "
+              f"`answered_at` (UTC, floored to {TIME_RESOLUTION_S} s, but never to before the pre-registration's "
+              "`created_at` when the real time is at or after it, so the times show the plan came first exactly as "
+              "the exact times do; the place in the judge's queue is not published, "
               "and rows are sorted by judge, tool and prompt, so no judge's order can be rebuilt); "
               "`memo_file` (memos/..., only where the judge consented); `source` (panel / import / simulated).",
               "- `yes_rates.csv`, `beauty_index.csv` (panel_group `all` and one row per group), `hypotheses.csv`, "
@@ -185,12 +221,12 @@ def export_study(settings, study_id: str, out: Path) -> Path:
                 (tmp / name).write_bytes(data)
                 memo_files[(jid, int(m["position"]))] = name
 
-        rows = []
+        rows, created = [], plan_time(ctx.prereg)
         for a in answers.to_pylist():
             rows.append({
                 "judge_id": a["judge_id"], "panel_group": a["panel_group"], "prompt_id": a["prompt_id"],
                 "prompt": ctx.prompts.get(a["prompt_id"], ""), "tool": a["tool"], "answer": a["answer"],
-                "shown_at": floor_time(a["shown_at"]), "answered_at": floor_time(a["answered_at"]),
+                "shown_at": export_time(a["shown_at"], created), "answered_at": export_time(a["answered_at"], created),
                 "memo_file": memo_files.get((a["judge_id"], a["position"])) if a["position"] is not None else None,
                 "source": a["source"],
             })

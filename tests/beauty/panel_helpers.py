@@ -56,18 +56,35 @@ class Study:
     opened_at: datetime
 
 
+def panel_clock(mp: pytest.MonkeyPatch, start: datetime, step: timedelta) -> None:
+    """The panel store's clock made explicit: its first reading is ``start``, each next one
+    ``step`` later (``next_item`` reads it for shown_at, ``record_answer`` for answered_at), so
+    tests choose where answers fall against the plan's ``created_at`` and the minute."""
+    from tasks.panel.store import to_us
+
+    state = {"t": to_us(start)}
+    step_us = int(step.total_seconds() * 1_000_000)
+
+    def now_us() -> int:
+        t = state["t"]
+        state["t"] += step_us
+        return t
+
+    mp.setattr("tasks.beauty.store.now_us", now_us)
+
+
 def open_and_answer(settings, study_id: str, answer: Callable[[str, str, str], bool], judges=JUDGES,
                     stop_after: dict[str, int] | None = None, opened_ago: timedelta = timedelta(hours=2),
-                    legacy_seed: int | None = None) -> Study:
-    """Open the study (its plan dated ``opened_ago`` before now) and let each judge answer through
-    the panel store: ``answer(label, tool, prompt_id)``; ``stop_after[label]`` answers at most
-    (0: never started). ``legacy_seed``: a format-/1 pre-registration (the seed published in the
-    plan, as studies opened before issue 16 have) written before the open."""
+                    legacy_seed: int | None = None, opened_at: datetime | None = None) -> Study:
+    """Open the study (its plan dated ``opened_ago`` before now, or at ``opened_at``) and let each
+    judge answer through the panel store: ``answer(label, tool, prompt_id)``; ``stop_after[label]``
+    answers at most (0: never started). ``legacy_seed``: a format-/1 pre-registration (the seed
+    published in the plan, as studies opened before issue 16 have) written before the open."""
     from tasks.beauty.study import open_study
     from tasks.beauty.store import PanelStore
 
     write_definition(settings, study_id, judges)
-    opened_at = datetime.now(UTC) - opened_ago
+    opened_at = opened_at or datetime.now(UTC) - opened_ago
     if legacy_seed is not None:
         write_legacy_preregistration(settings, study_id, legacy_seed, opened_at)
     opened = open_study(settings, study_id, now=opened_at)

@@ -12,13 +12,13 @@ from __future__ import annotations
 import hashlib
 import json
 from collections import defaultdict
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
 
-from tests.beauty.panel_helpers import JUDGES, TOOLS, analyse, cli, open_and_answer, workspace
+from tests.beauty.panel_helpers import JUDGES, TOOLS, analyse, cli, open_and_answer, panel_clock, workspace
 
 GUESSES = [f"{g}-{i:02d}" for g, n in {"photographers": 6, "art-therapists": 4, "aphantasia": 4, "tbi-survivors": 3,
                                         "non-ai-artists": 3}.items() for i in range(1, n + 1)]
@@ -70,8 +70,10 @@ def attack(rows: list[dict], pairs: list[tuple[str, str]], keys, labels) -> dict
     return found
 
 
-def _bundle_attack(bundle: Path) -> dict[str, str]:
-    keys: set = set()
+def _bundle_attack(bundle: Path, extra_keys=()) -> dict[str, str]:
+    """The attack on the bundle: its own numbers and hashes as candidate keys (plus ``extra_keys``,
+    values the bundle must not carry, for the control), the template's labels and the true ones."""
+    keys: set = set(extra_keys)
     for name in ("preregistration.json", "study.json"):
         _seed_like(json.loads((bundle / name).read_text()), keys)
     tools = json.loads((bundle / "study.json").read_text())["tools"]
@@ -102,10 +104,17 @@ def _pairs(settings) -> list[tuple[str, str]]:
 
 
 def test_bundle_alone_matches_no_judge(tmp_path, monkeypatch):
+    """Answers 61 s apart (the panel's clock made explicit), so the bundle's minute-floored times
+    keep every judge's answering order: the time path of the attack has teeth. Given the private
+    order secret, it matches every judge from the bundle's rows; from the bundle alone (its own
+    numbers and hashes as keys, guessed labels) it matches none. Were the secret (or a seed) in
+    the bundle, the second attack would find it and match them all."""
     from tasks.beauty.prereg import read_order_secret
 
     settings = workspace(tmp_path / "home", monkeypatch)
-    study = open_and_answer(settings, "anon", _answer)
+    opened_at = (datetime.now(UTC) - timedelta(hours=12)).replace(second=0, microsecond=0)
+    panel_clock(monkeypatch, opened_at + timedelta(minutes=1), timedelta(seconds=61))
+    study = open_and_answer(settings, "anon", _answer, opened_at=opened_at)
     analyse(settings, "anon")
     r = cli("study", "export", "--study", "anon", "--out", str(tmp_path / "bundle"))
     assert r.exit_code == 0, r.output
@@ -113,6 +122,11 @@ def test_bundle_alone_matches_no_judge(tmp_path, monkeypatch):
     secret = read_order_secret(study.study_dir)
     # The attack works on what the lab holds (positions and the secret): every judge is matched.
     assert attack(_private_rows(settings, "anon"), _pairs(settings), [secret], GUESSES) == _true_ids(study.study_dir)
+    rows = pq.read_table(bundle / "answers.parquet").to_pylist()
+    for judge in {r["judge_id"] for r in rows}:  # one minute per answer survives the flooring
+        assert len({r["answered_at"] for r in rows if r["judge_id"] == judge}) == len(_pairs(settings))
+    # Control: the bundle's rows and the private secret give every judge away by time order alone.
+    assert _bundle_attack(bundle, extra_keys=[secret]) == _true_ids(study.study_dir)
     # From the bundle alone (plus guessed labels, the true ones among them): no judge is matched.
     assert _bundle_attack(bundle) == {}
     # What the bundle no longer carries: the secret, positions, exact times, the answering order.
@@ -121,7 +135,7 @@ def test_bundle_alone_matches_no_judge(tmp_path, monkeypatch):
     assert "order_seed" not in plan and plan["order_commitment"] == hashlib.sha256(secret.encode()).hexdigest()
     answers = pq.read_table(bundle / "answers.parquet")
     assert "position" not in answers.column_names and "position" not in (bundle / "answers.csv").read_text().splitlines()[0]
-    rows = answers.to_pylist()
+    # Floored (the plan was pinned on a whole minute, so export_time's "never before the plan" adds nothing finer).
     assert all(t.second == 0 and t.microsecond == 0 for r in rows for t in (r["shown_at"], r["answered_at"]))
     assert [(r["judge_id"], r["tool"], r["prompt_id"]) for r in rows] == sorted((r["judge_id"], r["tool"], r["prompt_id"]) for r in rows)
 
@@ -130,7 +144,9 @@ def test_study_opened_before_the_change_still_analyses_and_its_seed_is_withheld(
     """A format-/1 study (seed published in its plan) keeps working; its bundle carries a copy of
     the plan without the seed, naming the original's sha256."""
     settings = workspace(tmp_path / "home", monkeypatch)
-    study = open_and_answer(settings, "legacy", _answer, legacy_seed=424242, opened_ago=timedelta(hours=3))
+    opened_at = (datetime.now(UTC) - timedelta(hours=12)).replace(second=0, microsecond=0)
+    panel_clock(monkeypatch, opened_at + timedelta(minutes=1), timedelta(seconds=61))  # one minute per answer
+    study = open_and_answer(settings, "legacy", _answer, legacy_seed=424242, opened_at=opened_at)
     tables = analyse(settings, "legacy")
     assert tables.tables["study_index"].num_rows and not any("not pre-registered" in n for n in tables.notes)
     # With the published seed and the positions the old bundle had, every judge was matched.
@@ -143,6 +159,8 @@ def test_study_opened_before_the_change_still_analyses_and_its_seed_is_withheld(
     assert "order_seed" not in plan and plan["redacted_from_sha256"] == hashlib.sha256(original).hexdigest()
     assert b"424242" not in b"".join(p.read_bytes() for p in bundle.rglob("*") if p.is_file())
     assert "without its order seed" in (bundle / "datasheet.md").read_text()
+    # Control: with the seed the old plan published, the bundle's times alone give every judge away.
+    assert _bundle_attack(bundle, extra_keys=[424242]) == _true_ids(study.study_dir)
     assert _bundle_attack(bundle) == {}
 
 

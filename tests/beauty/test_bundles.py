@@ -16,8 +16,11 @@ import shutil
 import pytest
 
 from tests.beauty.panel_helpers import analyse, cli, open_and_answer, workspace
+from tests.vab.test_sets import GOOD, _csv, _manifest, _png
 
 LABS = {"lab-one": 11, "lab-two": 22}
+VAB_SETS = "lab-vab"
+VAB_ANSWERS = ["p1,0,1 2 3,2,3", "p1,1,3 1 2,3,1", "p1,2,2 3 1,1,2", "a1,0,1 2,1,", "a1,1,2 1,2,", "a1,2,2 1,2,"]
 SHARE = {"tool-alpha": 0.7, "tool-beta": 0.45, "tool-gamma": 0.2}
 
 
@@ -47,6 +50,13 @@ def labs(prefect_harness, tmp_path_factory):
         out["imports"] = [cli("study", "import-bundle", str(b)) for b in out["bundles"].values()]
         out["analyze"] = [cli("study", "analyze", "--study", lab, "--mixed-resamples", "3") for lab in LABS]
         out["boards_here"] = {lab: json.loads(cli("study", "leaderboard", "--study", lab, "--format", "json").stdout) for lab in LABS}
+        # and a VAB set collection with one judge's answers, imported as a lab does (item 2: its page too)
+        src = root / "vab-src"
+        for i in range(1, 6):
+            _png(src / f"img{i}.png", (40 * i, 200 - 30 * i, 9 * i))
+        out["vab"] = [cli("vab", "import-sets", str(_manifest(src, GOOD)), "--name", VAB_SETS),
+                      cli("vab", "import-answers", str(_csv(root / "vab-answers.csv", VAB_ANSWERS)), "--sets", VAB_SETS,
+                          "--judge", "lab-judge")]
         out["report"] = cli("report", "--out", str(root / "site"))
         out["again"] = cli("study", "import-bundle", str(out["bundles"]["lab-one"]))
         yield out
@@ -63,20 +73,27 @@ def test_imported_bundles_analyse_like_the_native_studies(labs):
 
 
 def test_report_of_a_workspace_with_studies_and_no_reference(labs):
-    """Item 2: no EPS reference, no model scored: study pages, the pooled page and an index that
-    says what is there; no leaderboard invented."""
+    """Item 2: no EPS reference, no model scored, two Beauty Index studies and a VAB set
+    collection with answers: the study pages, the pooled page, the VAB page and an index that
+    says what is there; nothing of the ImageBench leaderboard drawn or invented."""
+    for r in labs["vab"]:
+        assert r.exit_code == 0, r.output
     r, site = labs["report"], labs["root"] / "site"
     assert r.exit_code == 0, r.output
     assert not (labs["settings"].reference_dir / "eps-reference-v1.json").exists()
     index = (site / "index.html").read_text()
     assert 'id="no-leaderboard"' in index and "No ImageBench model has been scored" in index
-    assert 'id="leaderboard-table"' not in index and 'id="scatter"' not in index
-    assert "0 ImageBench model(s), 2 Beauty Index studies, 0 VAB set collection(s)" in index
+    assert 'id="leaderboard-table"' not in index and 'id="scatter"' not in index and 'id="breakdowns"' not in index
+    assert "0 ImageBench model(s), 2 Beauty Index studies, 1 VAB set collection(s)" in index
     for lab in LABS:
         assert f'href="studies/{lab}.html"' in index
         page = (site / "studies" / f"{lab}.html").read_text()
         assert 'id="hypotheses-table"' in page and "not pre-registered" not in page.lower()
     assert 'href="pooled/beauty-index.html"' in index
+    assert 'id="vab"' in index and f'href="vab/{VAB_SETS}.html"' in index
+    vab = (site / "vab" / f"{VAB_SETS}.html").read_text()
+    assert f"Visual Aesthetic Benchmark: {VAB_SETS}" in vab and 'id="vab-table"' in vab and "lab-judge" in vab
+    assert not (site / "models").exists() or not any((site / "models").iterdir())  # no model page invented
 
 
 def test_pooled_page_shows_the_random_effects_estimate_per_shared_tool(labs):
@@ -115,3 +132,50 @@ def test_a_damaged_bundle_is_refused_by_name(labs, tmp_path, monkeypatch, damage
     r = cli("study", "import-bundle", str(bundle))
     assert r.exit_code == 1 and message in r.output, r.output
     assert not (tmp_path / "home" / "studies" / "lab-one").exists()  # nothing written
+
+
+@pytest.mark.parametrize("first_answer_s, preregistered", [(1, True), (-6, False)])
+def test_import_gives_the_home_verdict_when_answers_share_the_minute_of_the_open(tmp_path, monkeypatch, first_answer_s,
+                                                                                  preregistered):
+    """Item 13: the bundle's times are floored to the minute but never to before the plan
+    (tasks.beauty.export.export_time), so `import-bundle` reaches the verdict of the study at home.
+    Opened at hh:mm:30 and answered within that minute: from 1 s after the open (pre-registered at
+    home, accepted on import), or from 6 s before it (the first answers predate the plan: the same
+    "N of 120" at home and in the import's refusal)."""
+    from datetime import UTC, datetime, timedelta
+
+    import pyarrow.parquet as pq
+
+    from tasks.beauty.tables import read_study_partition
+    from tasks.lake.tables import Lake
+    from tests.beauty.panel_helpers import panel_clock
+
+    settings = workspace(tmp_path / "home", monkeypatch)
+    opened_at = (datetime.now(UTC) - timedelta(hours=2)).replace(second=30, microsecond=123456)
+    # 4 judges x 30 images, two clock readings per answer, 0.1 s apart: all within the open's minute
+    panel_clock(monkeypatch, opened_at + timedelta(seconds=first_answer_s), timedelta(milliseconds=100))
+    open_and_answer(settings, "minute", _answers_from(11), opened_at=opened_at)
+    notes = [n for n in analyse(settings, "minute").notes if "pre-registered" in n]
+    shown = read_study_partition(Lake(settings.lake_dir), "study_answers", "minute").column("shown_at").to_pylist()
+    assert {t.replace(second=0, microsecond=0) for t in shown} == {opened_at.replace(second=0, microsecond=0)}
+    early = sum(t < opened_at for t in shown)
+    assert (early == 0) is preregistered and early < len(shown) == 120
+    # the verdict at home
+    if preregistered:
+        assert notes == []
+    else:
+        assert len(notes) == 1 and f"not pre-registered: {early} of 120 answers predate" in notes[0]
+    r = cli("study", "export", "--study", "minute", "--out", str(tmp_path / "bundle"))
+    assert r.exit_code == 0, r.output
+    # the verdict of another lab importing the bundle: the same
+    workspace(tmp_path / "other", monkeypatch, tools=())
+    r = cli("study", "import-bundle", str(tmp_path / "bundle"))
+    if preregistered:
+        assert r.exit_code == 0 and "SHA256SUMS verified" in r.output, r.output
+    else:
+        assert r.exit_code == 1 and f"refused: not pre-registered: {early} of 120 answers predate" in r.output, r.output
+        assert not (tmp_path / "other" / "studies" / "minute").exists()
+    # Each published time is its minute, or the plan's own time for one at or after the plan: nothing finer.
+    rows = pq.read_table(tmp_path / "bundle" / "answers.parquet").to_pylist()
+    assert sum(r["shown_at"] < opened_at for r in rows) == early
+    assert all(t in (opened_at, opened_at.replace(second=0, microsecond=0)) for r in rows for t in (r["shown_at"], r["answered_at"]))
