@@ -29,7 +29,7 @@ import subprocess  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-from flows import warm  # noqa: E402
+from flows import stopping, warm  # noqa: E402
 
 # The exit status of a command run in this process; set, the process ends after the exit handlers
 # without the interpreter's teardown (see _end_without_teardown).
@@ -239,6 +239,8 @@ def main() -> None:
             signal.signal(sig, signal.SIG_DFL)
         signal.signal(signal.SIGINT, _interrupted_early)
     atexit.register(_end_without_teardown)  # before the command's own handlers: runs after them
+    if stopping.applies_to(argv):  # told to stop, it ends within the grace period (flows/stopping.py)
+        stopping.stop_within(stopping.grace_s())
     status = 1  # an exception that escapes: Python prints its traceback and exits 1
     try:
         from flows.cli import main as cold_main

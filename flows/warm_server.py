@@ -22,7 +22,7 @@ import threading
 import time
 from pathlib import Path
 
-from flows import warm
+from flows import stopping, warm
 
 log = logging.getLogger("imagebench.warm")
 
@@ -149,6 +149,8 @@ def _child(request: dict, fds: list[int], mask: set) -> None:
         _reset_after_fork(request["env"], request["cwd"], request["argv"])
         _fresh_runner()
         threading.Thread(target=_watch_client, args=(status_fd,), name="imagebench-client-watch", daemon=True).start()
+        if stopping.applies_to(request["argv"]):  # told to stop, it ends within the grace period, as cold
+            stopping.stop_within(stopping.grace_s(request["env"]), _tell_status)
         from flows.cli import main
 
         signal.signal(signal.SIGINT, signal.default_int_handler)  # from here on, as a cold command
