@@ -161,3 +161,40 @@ def built_reference(built_reference_template, tmp_path, monkeypatch, tiny_model)
     settings.catalog_path.unlink()
     units_aggregate.refresh(settings, pinned.load_pinned_suite(settings))  # its views name this workspace's lake
     return home, home / "objects", settings.reference_path
+
+
+class StalledEndpoint:
+    """An HTTP endpoint that takes every connection and never answers: a judge's request to it
+    waits for its whole timeout, in a task thread the flow waits for."""
+
+    def __init__(self) -> None:
+        import socket
+        import threading
+
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(64)
+        self.held: list = []
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}/v1"
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                self.held.append(self.sock.accept()[0])
+            except OSError:
+                return
+
+    def judges_config(self, path: Path) -> Path:
+        """An endpoints config whose two routed judges both ask this endpoint (600 s timeout)."""
+        import json
+
+        path.write_text(json.dumps({"judges": {name: {"backend": "openai", "base_url": self.url, "model": name,
+                                                      "timeout_s": 600, "max_retries": 0}
+                                               for name in ("qwen3-vl", "gemma")}}))
+        return path
+
+    def close(self) -> None:
+        self.sock.close()
+        for conn in self.held:
+            conn.close()

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.flows.conftest import REPO, eligible_ids, image_bytes, put_model
+from tests.flows.conftest import REPO, StalledEndpoint, eligible_ids, image_bytes, put_model
 from tests.lakecompare import assert_same_lake
 
 pytestmark = pytest.mark.slow
@@ -401,34 +401,6 @@ def test_judge_outage_falls_back_then_shows_explicit_states_then_recovers(built_
 # ---- told to stop while a judge's request hangs -------------------------------------------------
 
 
-class _StalledEndpoint:
-    """An HTTP endpoint that takes every connection and never answers: a judge's request to it
-    waits for its whole timeout, in a task thread the flow waits for."""
-
-    def __init__(self) -> None:
-        import socket
-        import threading
-
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.listen(64)
-        self.held: list = []
-        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}/v1"
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                self.held.append(self.sock.accept()[0])
-            except OSError:
-                return
-
-    def close(self) -> None:
-        self.sock.close()
-        for conn in self.held:
-            conn.close()
-
-
 def test_sigterm_while_a_judge_request_hangs_ends_within_the_grace_then_the_run_resumes(built_reference, tmp_path):
     """SIGTERM to a cold `score` whose judge requests hang (600 s timeout): Prefect raises in the
     flow, then its task runner would wait for the hanging requests; the command ends within its
@@ -443,11 +415,9 @@ def test_sigterm_while_a_judge_request_hangs_ends_within_the_grace_then_the_run_
     ids = [p.prompt_id for p in suite.prompts if p.category != "Text Rendering"][:6]
     put_model(objects, "stopped", ids, seed=61)
     cfg = tmp_path / "judges.yaml"
-    stalled = _StalledEndpoint()
+    stalled = StalledEndpoint()
     try:
-        cfg.write_text(json.dumps({"judges": {name: {"backend": "openai", "base_url": stalled.url, "model": name,
-                                                     "timeout_s": 600, "max_retries": 0}
-                                              for name in ("qwen3-vl", "gemma")}}))
+        stalled.judges_config(cfg)
         proc = _score_cli(home, "stopped", IMAGEBENCH_JUDGES_CONFIG=str(cfg), IMAGEBENCH_STOP_GRACE_S="3")
         deadline = time.monotonic() + 300
         while not stalled.held and proc.poll() is None and time.monotonic() < deadline:

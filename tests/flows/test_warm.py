@@ -426,6 +426,39 @@ def test_a_killed_client_ends_its_command(shared):
         mute.close()
 
 
+def test_sigterm_to_a_warm_command_whose_judge_hangs_ends_within_the_grace(shared, tmp_path):
+    """As cold (tests/flows/test_operations.py): the forked command's stop watch ends it 3 s after
+    the SIGTERM its client forwarded, although its judge requests would wait 600 s, and tells the
+    client its status; the server keeps serving."""
+    from tests.flows.conftest import StalledEndpoint, put_model
+
+    env, home = shared["env"], shared["home"]
+    server = _server_pid(env)
+    put_model(home / "objects", "stopped-warm", shared["prompts"], seed=7)
+    stalled = StalledEndpoint()
+    try:
+        cfg = stalled.judges_config(tmp_path / "judges.yaml")
+        client = subprocess.Popen([*LAUNCH, "score", "--model", "stopped-warm"], cwd=REPO, stdout=subprocess.DEVNULL,
+                                  stderr=subprocess.PIPE, text=True,
+                                  env={**env, "IMAGEBENCH_JUDGES_CONFIG": str(cfg), "IMAGEBENCH_STOP_GRACE_S": "3"})
+        (child,) = _wait(lambda: _commands(server), "the warm server forks the command")
+        _wait(lambda: stalled.held or client.poll() is not None, "a judge request in flight", 300)
+        assert stalled.held, client.communicate()[1][-3000:]
+        client.send_signal(signal.SIGTERM)
+        try:
+            _, err = client.communicate(timeout=120)
+        except subprocess.TimeoutExpired:
+            client.kill()
+            os.kill(child, signal.SIGKILL)
+            raise AssertionError("still running 120 s after SIGTERM") from None
+    finally:
+        stalled.close()
+    assert client.returncode == 128 + signal.SIGTERM, err[-3000:]
+    assert "still running 3 s after SIGTERM: stopping now (status 143)" in err, err[-3000:]
+    _wait(lambda: _state(child) is None, "the command's process is reaped", 60)
+    assert _server_pid(env) == server
+
+
 def test_workspace_task_runner_is_honoured_warm(shared, tmp_path):
     """`task_runner: dask` in the workspace's imagebench.yaml: the warm command's flow runs on a
     local Dask cluster (its worker leaves its scratch space where the command's Dask config says)."""
