@@ -4,11 +4,13 @@ signal raises in the flow's thread, then its task runner joins the tasks still r
 
 Each case runs a small program in a process of its own and signals it; the control case shows
 the same program, unwatched, is still waiting long after the signal, so the watched cases can fail.
+Then a real cold `score` whose judge requests hang (the warm one: tests/flows/test_warm.py).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -19,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from flows import stopping
-from tests.flows.conftest import REPO
+from tests.flows.conftest import REPO, StalledEndpoint, put_model
 
 # The program: a task thread that does not end for minutes, a main thread that waits for it once
 # told to stop, a second signal included (as Prefect's flow does: its task runner waits for the
@@ -113,3 +115,68 @@ def test_grace_setting_and_the_commands_with_their_own_shutdown():
     assert not stopping.applies_to(["--debug", "serve"])
     assert stopping.applies_to(["score", "--model", "serve"])
     assert stopping.applies_to(["panel", "serve"])  # the judging panel's server stops within the grace too
+
+
+# ---- a real command: cold `score` whose judge requests hang --------------------------------------
+
+
+def _score_cli(home: Path, model: str, **extra_env: str) -> subprocess.Popen:
+    """`imagebench score` in a session of its own, output to a file (a full pipe would block it)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+    env.update(IMAGEBENCH_HOME=str(home), PREFECT_HOME=str(home / "prefect"), PREFECT_SERVER_ANALYTICS_ENABLED="false",
+               PREFECT_LOGGING_LEVEL="WARNING", **extra_env)
+    log_path = home.parent / f"cli-{time.monotonic_ns()}.log"
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen([str(Path(sys.executable).parent / "imagebench"), "score", "--model", model],
+                                cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    proc.log_path = log_path
+    return proc
+
+
+@pytest.mark.slow
+def test_sigterm_while_a_judge_request_hangs_ends_within_the_grace_then_the_run_resumes(built_reference, tmp_path):
+    """SIGTERM to a cold `score` whose judge requests hang (600 s timeout): Prefect raises in the
+    flow, then its task runner would wait for the hanging requests; the command ends within its
+    grace period instead (flows/stopping.py), and the next run completes the model."""
+    from schemas.settings import load_settings
+    from tasks.lake.tables import Lake
+    from tasks.scores.suite import load_suite
+    from tests.fake_openai import FakeOpenAI, Reply
+
+    home, objects, _ = built_reference
+    suite = load_suite(load_settings().suite_path)
+    ids = [p.prompt_id for p in suite.prompts if p.category != "Text Rendering"][:6]
+    put_model(objects, "stopped", ids, seed=61)
+    cfg = tmp_path / "judges.yaml"
+    stalled = StalledEndpoint()
+    try:
+        stalled.judges_config(cfg)
+        proc = _score_cli(home, "stopped", IMAGEBENCH_JUDGES_CONFIG=str(cfg), IMAGEBENCH_STOP_GRACE_S="3")
+        deadline = time.monotonic() + 300
+        while not stalled.held and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert stalled.held, "no judge request reached the endpoint: " + proc.log_path.read_text()[-3000:]
+        os.kill(proc.pid, signal.SIGTERM)  # the command's process only, as `kill PID` or a supervisor's first signal
+        try:
+            status = proc.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            raise AssertionError("still running 120 s after SIGTERM: " + proc.log_path.read_text()[-3000:]) from None
+    finally:
+        stalled.close()
+    log = proc.log_path.read_text()
+    assert status == 128 + signal.SIGTERM, log[-3000:]
+    assert "still running 3 s after SIGTERM: stopping now (status 143)" in log, log[-3000:]
+
+    passing = lambda req: Reply(text="Checked.\nVERDICT: PASS")  # noqa: E731
+    with FakeOpenAI(model="qwen3-vl", responder=passing) as qwen:
+        cfg.write_text(json.dumps({"judges": {name: {"backend": "openai", "base_url": qwen.base_url, "model": name}
+                                              for name in ("qwen3-vl", "gemma")}}))
+        done = _score_cli(home, "stopped", IMAGEBENCH_JUDGES_CONFIG=str(cfg))
+        assert done.wait(timeout=600) == 0, done.log_path.read_text()[-3000:]
+    runs = sorted(Lake(load_settings().lake_dir).read_runs().to_pylist(), key=lambda r: r["started_at"])
+    stopped, record = [r for r in runs if r["flow"] == "score-model"][-2:]
+    assert stopped["status"] != "completed" and record["status"] == "completed", (stopped, record)
+    verdicts = Lake(load_settings().lake_dir).read("verdicts", ["stopped"]).to_pylist()
+    assert sorted(v["prompt_id"] for v in verdicts) == sorted(ids) and {v["verdict"] for v in verdicts} == {"PASS"}

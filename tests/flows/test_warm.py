@@ -427,7 +427,7 @@ def test_a_killed_client_ends_its_command(shared):
 
 
 def test_sigterm_to_a_warm_command_whose_judge_hangs_ends_within_the_grace(shared, tmp_path):
-    """As cold (tests/flows/test_operations.py): the forked command's stop watch ends it 3 s after
+    """As cold (tests/flows/test_stopping.py): the forked command's stop watch ends it 3 s after
     the SIGTERM its client forwarded, although its judge requests would wait 600 s, and tells the
     client its status; the server keeps serving."""
     from tests.flows.conftest import StalledEndpoint, put_model
