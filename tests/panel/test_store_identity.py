@@ -64,6 +64,7 @@ def test_a_missing_setting_cannot_open_a_second_panel_of_a_postgres_study(home, 
     for database, named in [(None, ours), (pg_server.url(typo, password=PASSWORD), pg_server.url(typo)),
                             (missing, pg_server.url("no_such_database"))]:
         for cmd in (["study", "status", STUDY], ["study", "open", STUDY, "--url", "http://panel.example"],
+                    ["study", "relink", STUDY, "--judge", "j1", "--url", "http://panel.example"],
                     ["study", "close", STUDY]):
             r = _cli(home, *cmd, database=database)
             line = _refused(r, theirs, named, record["store_id"])
