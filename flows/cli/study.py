@@ -116,7 +116,8 @@ def study_relink(
 # checks it); `analyze` runs the Prefect flow `study-analyze` in this process.
 
 LEADERBOARD_JSON_COLUMNS = ("rank", "tool", "beauty_index", "beauty_index_lo", "beauty_index_hi", "answers", "simulated",
-                            "preregistered")
+                            "preregistered", "flagged_answers", "beauty_index_unflagged", "beauty_index_unflagged_lo",
+                            "beauty_index_unflagged_hi")
 DIGITS = 1  # the table prints the Beauty Index and its interval to one decimal: so do CSV and JSON
 
 
@@ -193,10 +194,16 @@ def study_leaderboard(
         flags = " || ".join(["CASE WHEN simulated THEN 'SIMULATED ' ELSE '' END"] +
                             ([] if status.preregistered else ["'not pre-registered'"]))
         if fmt is OutputFormat.table:
+            # Quality control (issue 16 item 9): with answers flagged, the index without them beside it.
+            _, ((flagged,),) = query(catalog, "SELECT coalesce(sum(flagged_answers), 0) FROM study_leaderboard "
+                                              f"WHERE study_id = '{study}'")
+            qc = (f", flagged_answers AS flagged, CASE WHEN beauty_index_unflagged IS NULL THEN '–' ELSE "
+                  f"printf('%.{DIGITS}f [%.{DIGITS}f, %.{DIGITS}f]', beauty_index_unflagged, beauty_index_unflagged_lo, "
+                  "beauty_index_unflagged_hi) END AS without_flagged" if flagged else "")
             select = (f"\"rank\", tool, printf('%.{DIGITS}f [%.{DIGITS}f, %.{DIGITS}f]', beauty_index, beauty_index_lo, "
-                      f"beauty_index_hi) AS beauty_index, answers, trim({flags}) AS flags")
+                      f"beauty_index_hi) AS beauty_index, answers{qc}, trim({flags}) AS flags")
         else:
-            rounded = {"beauty_index", "beauty_index_lo", "beauty_index_hi"}
+            rounded = {c for c in LEADERBOARD_JSON_COLUMNS if c.startswith("beauty_index")}
             select = ", ".join(f'round("{c}", {DIGITS}) AS "{c}"' if c in rounded else
                                (f"{status.preregistered} AS preregistered" if c == "preregistered" else f'"{c}"')
                                for c in LEADERBOARD_JSON_COLUMNS)

@@ -60,7 +60,7 @@ __all__ = [
 
 SCHEMA_DIR = "_schema"  # <lake>/<table>/_schema/data.parquet: typed, zero rows
 COMPRESSION = "zstd"
-CATALOG_FORMAT = "imagebench-catalog/6"  # /2: model_events view; leaderboard honours retirements; /3: study tables; /4: vab tables and views; /5: compacted per-model tables; /6: vab_trials.prompt_type
+CATALOG_FORMAT = "imagebench-catalog/7"  # /2: model_events view; leaderboard honours retirements; /3: study tables; /4: vab tables and views; /5: compacted per-model tables; /6: vab_trials.prompt_type; /7: study_leaderboard with quality control
 
 PROMPTS_SCHEMA = pa.schema(
     [
@@ -515,7 +515,8 @@ ORDER BY sets, strict_both DESC, judge
 # Beauty Index studies (docs/BEAUTY.md): one row per (study, tool), the whole panel, best first.
 STUDY_LEADERBOARD_SQL = """
 CREATE VIEW study_leaderboard AS
-SELECT study_id, "rank", tool, beauty_index, beauty_index_lo, beauty_index_hi, answers, simulated
+SELECT study_id, "rank", tool, beauty_index, beauty_index_lo, beauty_index_hi, answers, simulated,
+       flagged_answers, beauty_index_unflagged, beauty_index_unflagged_lo, beauty_index_unflagged_hi
 FROM study_index WHERE panel_group = 'all'
 ORDER BY study_id, beauty_index DESC NULLS LAST, tool
 """

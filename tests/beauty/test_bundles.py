@@ -65,9 +65,15 @@ def labs(prefect_harness, tmp_path_factory):
 def test_imported_bundles_analyse_like_the_native_studies(labs):
     for r in labs["imports"] + labs["analyze"]:
         assert r.exit_code == 0, r.output
+    qc = ("flagged_answers", "beauty_index_unflagged", "beauty_index_unflagged_lo", "beauty_index_unflagged_hi")
     for lab in LABS:
         # Same answers, same pre-registered analysis settings: the same Beauty Index and intervals.
-        assert labs["boards_here"][lab] == labs["boards"][lab]
+        home, here = labs["boards"][lab], labs["boards_here"][lab]
+        assert [{k: v for k, v in r.items() if k not in qc} for r in here] == [{k: v for k, v in r.items() if k not in qc} for r in home]
+        # Quality control's evidence (image loaded, time on screen) stays with the panel that saw it:
+        # a bundle carries none, so an imported study flags nothing and its index without flagged
+        # answers is its index (docs/BEAUTY.md, "Quality control").
+        assert all(r["flagged_answers"] == 0 and r["beauty_index_unflagged"] == r["beauty_index"] for r in here)
     assert "SHA256SUMS verified" in labs["imports"][0].output
     assert labs["again"].exit_code == 1 and "already exists in this workspace" in labs["again"].output
 

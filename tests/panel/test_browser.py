@@ -130,6 +130,30 @@ def test_two_judges_keyboard_resume_mouse_memo_then_admin(browser, panel_study, 
     expected = sorted((p["tool"], f"{100.0 * p['yes'] / p['answers']:.4f}") for p in store.pair_counts() if p["answers"])
     assert rates == expected
 
+    # `study leaderboard` shows the index without the flagged answers beside it, as the page does
+    # (issue 16 item 9): the lake's values, rounded as the table prints them.
+    import json
+
+    from typer.testing import CliRunner
+
+    from flows.cli import app
+    from tasks.beauty.tables import read_study_partition
+    from tasks.lake.tables import Lake
+
+    lake = {r["tool"]: r for r in read_study_partition(Lake(settings.lake_dir), "study_index", panel_study.study_id).to_pylist()
+            if r["panel_group"] == "all"}
+    board = CliRunner().invoke(app, ["study", "leaderboard", "--study", panel_study.study_id, "--format", "json"])
+    assert board.exit_code == 0, board.output
+    rows = json.loads(board.stdout)
+    assert sum(r["flagged_answers"] for r in rows) > 0  # this study's answers are mostly flagged
+    for r in rows:
+        mine = lake[r["tool"]]
+        assert r["flagged_answers"] == mine["flagged_answers"]
+        for key in ("beauty_index_unflagged", "beauty_index_unflagged_lo", "beauty_index_unflagged_hi"):
+            assert r[key] == (None if mine[key] is None else round(mine[key], 1)), (key, r, mine)
+    table = CliRunner().invoke(app, ["study", "leaderboard", "--study", panel_study.study_id]).stdout
+    assert "without_flagged" in table and "flagged" in table, table
+
     # At 1280 px, with the report's stylesheet, every hypothesis's verdict is in view without
     # scrolling sideways (issue 16 item 12).
     import shutil
