@@ -24,14 +24,14 @@ import threading
 import time
 from collections.abc import Callable
 
-from flows.warm import flush_stdio
+from flows.warm import command_of, flush_stdio
 
 STOP_SIGNALS = frozenset({signal.SIGTERM, signal.SIGHUP, signal.SIGINT})
 GRACE_ENV = "IMAGEBENCH_STOP_GRACE_S"
 DEFAULT_GRACE_S = 10.0
 # Commands with a shutdown of their own that must not be cut short: `serve` stops its deployments,
 # then the Prefect server it started (flows/cli/scoring.py).
-OWN_SHUTDOWN = frozenset({("serve",)})
+OWN_SHUTDOWN = frozenset({"serve"})
 
 
 def grace_s(env: dict[str, str] | os._Environ = os.environ) -> float:
@@ -45,8 +45,7 @@ def grace_s(env: dict[str, str] | os._Environ = os.environ) -> float:
 
 def applies_to(argv: list[str]) -> bool:
     """False for the commands that run their own shutdown (``serve``)."""
-    words = [a for a in argv if not a.startswith("-")]
-    return tuple(words[:1]) not in OWN_SHUTDOWN
+    return command_of(argv) not in OWN_SHUTDOWN
 
 
 def stop_within(grace: float, before_exit: Callable[[int], None] | None = None) -> bool:

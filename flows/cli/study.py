@@ -194,14 +194,11 @@ def study_leaderboard(
         flags = " || ".join(["CASE WHEN simulated THEN 'SIMULATED ' ELSE '' END"] +
                             ([] if status.preregistered else ["'not pre-registered'"]))
         if fmt is OutputFormat.table:
-            # Quality control (issue 16 item 9): with answers flagged, the index without them beside it.
-            _, ((flagged,),) = query(catalog, "SELECT coalesce(sum(flagged_answers), 0) FROM study_leaderboard "
-                                              f"WHERE study_id = '{study}'")
-            qc = (f", flagged_answers AS flagged, CASE WHEN beauty_index_unflagged IS NULL THEN '–' ELSE "
-                  f"printf('%.{DIGITS}f [%.{DIGITS}f, %.{DIGITS}f]', beauty_index_unflagged, beauty_index_unflagged_lo, "
-                  "beauty_index_unflagged_hi) END AS without_flagged" if flagged else "")
             select = (f"\"rank\", tool, printf('%.{DIGITS}f [%.{DIGITS}f, %.{DIGITS}f]', beauty_index, beauty_index_lo, "
-                      f"beauty_index_hi) AS beauty_index, answers{qc}, trim({flags}) AS flags")
+                      f"beauty_index_hi) AS beauty_index, answers, flagged_answers AS flagged, CASE WHEN "
+                      f"beauty_index_unflagged IS NULL THEN '–' ELSE printf('%.{DIGITS}f [%.{DIGITS}f, %.{DIGITS}f]', "
+                      "beauty_index_unflagged, beauty_index_unflagged_lo, beauty_index_unflagged_hi) END AS without_flagged, "
+                      f"trim({flags}) AS flags")
         else:
             rounded = {c for c in LEADERBOARD_JSON_COLUMNS if c.startswith("beauty_index")}
             select = ", ".join(f'round("{c}", {DIGITS}) AS "{c}"' if c in rounded else
@@ -211,7 +208,12 @@ def study_leaderboard(
         if not rows:
             raise CliError(f"study {study} has no Beauty Index yet: imagebench study analyze --study {study}")
         simulated = any(r[-1] for r in rows)
-        render(columns[:-1], [r[:-1] for r in rows], fmt, title=f"Beauty Index: study {study}")
+        columns, rows = columns[:-1], [r[:-1] for r in rows]
+        if fmt is OutputFormat.table and not any(r[columns.index("flagged")] for r in rows):
+            # Quality control (issue 16 item 9): the index without flagged answers only when some are.
+            keep = [i for i, c in enumerate(columns) if c not in ("flagged", "without_flagged")]
+            columns, rows = [columns[i] for i in keep], [tuple(r[i] for i in keep) for r in rows]
+        render(columns, rows, fmt, title=f"Beauty Index: study {study}")
         if simulated:
             _simulated_banner()
         if status.note:

@@ -31,7 +31,7 @@ import os
 import shutil
 import tempfile
 from collections import Counter
-from datetime import UTC, datetime
+from datetime import datetime
 from pathlib import Path
 
 import pyarrow as pa
@@ -80,15 +80,6 @@ def floor_time(ts):
     if ts is None:
         return None
     return ts.replace(second=0, microsecond=0)
-
-
-def plan_time(prereg) -> datetime | None:
-    """When the plan was pinned (``created_at`` as an aware UTC datetime), or None when there is
-    no plan to compare answers with."""
-    if prereg is None or prereg.created_at == "not pre-registered":
-        return None
-    ts = datetime.fromisoformat(prereg.created_at.replace("Z", "+00:00"))
-    return (ts if ts.tzinfo else ts.replace(tzinfo=UTC)).astimezone(UTC)
 
 
 def export_time(ts, created: datetime | None):
@@ -178,7 +169,7 @@ def _datasheet(ctx, prereg_sha: str | None, counts: Counter, answers: pa.Table, 
 def export_study(settings, study_id: str, out: Path) -> Path:
     """Write the bundle of an analysed study into ``out`` (a new folder, or an earlier bundle,
     replaced whole). Returns ``out``."""
-    from tasks.beauty.prereg import public_preregistration, status_of
+    from tasks.beauty.prereg import plan_time, public_preregistration, status_of
     from tasks.beauty.publish import SIMULATED_BANNER
     from tasks.beauty.sources import load_study_context, panel_memos
     from tasks.beauty.study import PREREG_FILE

@@ -94,6 +94,14 @@ class PreregStatus:
     early_answers: int = 0
 
 
+def plan_time(prereg: PreRegistration | None) -> datetime | None:
+    """When the plan was pinned (``created_at``, aware UTC), or None when there is no plan to compare
+    answers with (never opened)."""
+    if prereg is None or prereg.created_at == "not pre-registered":
+        return None
+    return _utc(prereg.created_at)
+
+
 NEVER_OPENED = "not pre-registered: the study was never opened, so its plan was not pinned before the answers"
 
 
@@ -102,9 +110,9 @@ def preregistration_status(prereg: PreRegistration | None, answer_times: list) -
     (``answer_times``: each answer's shown_at, the earlier of its two times). Times at or after
     the plan's ``created_at`` count as after it: a bundle's times are floored to the minute, so a
     floored time at or after the plan proves the real one is too."""
-    if prereg is None or prereg.created_at == "not pre-registered":
+    created = plan_time(prereg)
+    if created is None:
         return PreregStatus(False, NEVER_OPENED)
-    created = _utc(prereg.created_at)
     early = sum(1 for t in answer_times if t is not None and _utc(t) < created)
     if early:
         return PreregStatus(False, f"not pre-registered: {early} of {len(answer_times)} answers predate the "

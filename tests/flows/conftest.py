@@ -7,6 +7,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -161,6 +162,33 @@ def built_reference(built_reference_template, tmp_path, monkeypatch, tiny_model)
     settings.catalog_path.unlink()
     units_aggregate.refresh(settings, pinned.load_pinned_suite(settings))  # its views name this workspace's lake
     return home, home / "objects", settings.reference_path
+
+
+IMAGEBENCH = [str(Path(sys.executable).parent / "imagebench")]
+
+
+def runs_of(settings) -> list[dict]:
+    """The workspace's run records, oldest first."""
+    from tasks.lake.tables import Lake
+
+    return sorted(Lake(settings.lake_dir).read_runs().to_pylist(), key=lambda r: r["started_at"])
+
+
+def score_cli(home: Path, model: str, cli: list[str] = IMAGEBENCH, **extra_env: str) -> subprocess.Popen:
+    """`imagebench score --model MODEL` for the workspace ``home``, in a session of its own: a kill
+    can go to the whole process group (CLI + its embedded Prefect server), as when a machine or
+    container dies. Output to a file (``proc.log_path``): a full pipe would block the run, and a
+    child a dead run leaves behind would hold a pipe open."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+    env.update(IMAGEBENCH_HOME=str(home), PREFECT_HOME=str(home / "prefect"), PREFECT_SERVER_ANALYTICS_ENABLED="false",
+               PREFECT_LOGGING_LEVEL="WARNING")
+    env.update(extra_env)  # the caller's values win
+    log_path = home.parent / f"cli-{time.monotonic_ns()}.log"
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen([*cli, "score", "--model", model, "--format", "json"], cwd=REPO, env=env, stdout=log,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+    proc.log_path = log_path
+    return proc
 
 
 class StalledEndpoint:

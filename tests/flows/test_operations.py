@@ -17,16 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.flows.conftest import REPO, eligible_ids, image_bytes, put_model
+from tests.flows.conftest import IMAGEBENCH, eligible_ids, image_bytes, put_model, runs_of, score_cli
 from tests.lakecompare import assert_same_lake
 
 pytestmark = pytest.mark.slow
-
-
-def _runs(settings) -> list[dict]:
-    from tasks.lake.tables import Lake
-
-    return sorted(Lake(settings.lake_dir).read_runs().to_pylist(), key=lambda r: r["started_at"])
 
 
 # ---- SIGKILL at any point, then resume --------------------------------------------------------
@@ -43,34 +37,9 @@ def _same_batching(monkeypatch) -> None:
         monkeypatch.setenv(key, value)
 
 
-def _cli_env(home: Path, **extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
-    env.update(
-        IMAGEBENCH_HOME=str(home),
-        PREFECT_HOME=str(home / "prefect"),
-        PREFECT_SERVER_ANALYTICS_ENABLED="false",
-        PREFECT_LOGGING_LEVEL="WARNING",
-        **BATCHING,
-    )
-    env.update(extra)
-    return env
-
-
-IMAGEBENCH = [str(Path(sys.executable).parent / "imagebench")]
-
-
 def _score_cli(home: Path, model: str, cli: list[str] = IMAGEBENCH, **extra_env: str) -> subprocess.Popen:
-    # Its own session: SIGKILL goes to the whole process group (CLI + its embedded Prefect server),
-    # as when a machine or container dies. Output to a file: a full pipe would block the run, and
-    # a child a dead run leaves behind would hold a pipe open.
-    log_path = home.parent / f"cli-{time.monotonic_ns()}.log"
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(
-            [*cli, "score", "--model", model, "--format", "json"],
-            cwd=REPO, env=_cli_env(home, **extra_env), stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-        )
-    proc.log_path = log_path
-    return proc
+    """:func:`score_cli` with this file's batching."""
+    return score_cli(home, model, cli, **{**BATCHING, **extra_env})
 
 
 def _kill_when(proc: subprocess.Popen, ready, timeout: float = 300) -> bool:
@@ -110,7 +79,7 @@ def test_sigkill_mid_batch_then_resume_ends_with_the_same_lake(built_reference, 
     done = _score_cli(home, "victim")
     assert done.wait(timeout=600) == 0, done.log_path.read_text()
 
-    killed, record = [r for r in _runs(load_settings()) if r["flow"] == "score-model"][-2:]
+    killed, record = [r for r in runs_of(load_settings()) if r["flow"] == "score-model"][-2:]
     # The killed run left its record from the start: the next run says it crashed, and where.
     assert killed["status"] == "crashed" and killed["stage"] not in (None, "start"), killed
     assert f"run {killed['run_id']} (score-model" in done.log_path.read_text()
@@ -159,7 +128,7 @@ def test_second_backfill_of_the_same_model_refuses_then_waits(built_reference, m
         with pytest.raises(ModelBusy, match="other-backfill-run"):
             score_model_flow("contested")
         assert not (home / "lake" / "images" / "model_id=contested").exists()
-        refused = _runs(load_settings())[-1]
+        refused = runs_of(load_settings())[-1]
         assert refused["status"] == "failed" and "other-backfill-run" in refused["error"]
         # The nightly skips it (and says so) but scores the rest; a folder whose name is not a
         # model id is skipped and reported too.
@@ -169,7 +138,7 @@ def test_second_backfill_of_the_same_model_refuses_then_waits(built_reference, m
         assert summary["busy"] == ["contested"] and "contested" not in summary["scored"]
         # (base-a got its result when the reference was built: up to date.)
         assert list(summary["invalid"]) == ["bad name"] and "base-a" in summary["up_to_date"]
-        record = _runs(load_settings())[-1]
+        record = runs_of(load_settings())[-1]
         assert record["models_busy"] == ["contested"] and record["models_invalid"] == ["bad name"]
         assert record["status"] == "completed"
         # With a wait, the second backfill starts as soon as the first is done.
@@ -203,7 +172,7 @@ def test_corrupt_lake_file_is_detected_set_aside_reported_and_recomputed(built_r
     with pytest.raises(RunFailed, match="corrupt"):
         nightly_flow()
     # Detected and reported: in the run record, naming the file; kept aside, never deleted.
-    record = _runs(settings)[-1]
+    record = runs_of(settings)[-1]
     assert record["status"] == "failed"
     assert len(record["corrupt_files"]) == 1 and str(victim) in record["corrupt_files"][0]
     kept = list((settings.lake_dir / "_corrupt" / "hps_scores" / "model_id=base-a").glob("*.parquet"))
@@ -271,7 +240,7 @@ def test_a_file_damaged_in_place_after_the_last_check_is_still_caught_by_the_nig
 
     with pytest.raises(RunFailed, match="corrupt"):
         nightly_flow()
-    record = _runs(settings)[-1]
+    record = runs_of(settings)[-1]
     assert record["status"] == "failed"
     assert len(record["corrupt_files"]) == 1 and str(victim) in record["corrupt_files"][0]
     kept = list((settings.lake_dir / "_corrupt" / "images" / "model_id=base-a").glob("*.parquet"))

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from flows import stopping
-from tests.flows.conftest import REPO, StalledEndpoint, put_model
+from tests.flows.conftest import REPO, StalledEndpoint, put_model, runs_of, score_cli
 
 # The program: a task thread that does not end for minutes, a main thread that waits for it once
 # told to stop, a second signal included (as Prefect's flow does: its task runner waits for the
@@ -120,19 +120,6 @@ def test_grace_setting_and_the_commands_with_their_own_shutdown():
 # ---- a real command: cold `score` whose judge requests hang --------------------------------------
 
 
-def _score_cli(home: Path, model: str, **extra_env: str) -> subprocess.Popen:
-    """`imagebench score` in a session of its own, output to a file (a full pipe would block it)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
-    env.update(IMAGEBENCH_HOME=str(home), PREFECT_HOME=str(home / "prefect"), PREFECT_SERVER_ANALYTICS_ENABLED="false",
-               PREFECT_LOGGING_LEVEL="WARNING", **extra_env)
-    log_path = home.parent / f"cli-{time.monotonic_ns()}.log"
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen([str(Path(sys.executable).parent / "imagebench"), "score", "--model", model],
-                                cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    proc.log_path = log_path
-    return proc
-
-
 @pytest.mark.slow
 def test_sigterm_while_a_judge_request_hangs_ends_within_the_grace_then_the_run_resumes(built_reference, tmp_path):
     """SIGTERM to a cold `score` whose judge requests hang (600 s timeout): Prefect raises in the
@@ -151,7 +138,7 @@ def test_sigterm_while_a_judge_request_hangs_ends_within_the_grace_then_the_run_
     stalled = StalledEndpoint()
     try:
         stalled.judges_config(cfg)
-        proc = _score_cli(home, "stopped", IMAGEBENCH_JUDGES_CONFIG=str(cfg), IMAGEBENCH_STOP_GRACE_S="3")
+        proc = score_cli(home, "stopped", IMAGEBENCH_JUDGES_CONFIG=str(cfg), IMAGEBENCH_STOP_GRACE_S="3")
         deadline = time.monotonic() + 300
         while not stalled.held and proc.poll() is None and time.monotonic() < deadline:
             time.sleep(0.1)
@@ -173,10 +160,9 @@ def test_sigterm_while_a_judge_request_hangs_ends_within_the_grace_then_the_run_
     with FakeOpenAI(model="qwen3-vl", responder=passing) as qwen:
         cfg.write_text(json.dumps({"judges": {name: {"backend": "openai", "base_url": qwen.base_url, "model": name}
                                               for name in ("qwen3-vl", "gemma")}}))
-        done = _score_cli(home, "stopped", IMAGEBENCH_JUDGES_CONFIG=str(cfg))
+        done = score_cli(home, "stopped", IMAGEBENCH_JUDGES_CONFIG=str(cfg))
         assert done.wait(timeout=600) == 0, done.log_path.read_text()[-3000:]
-    runs = sorted(Lake(load_settings().lake_dir).read_runs().to_pylist(), key=lambda r: r["started_at"])
-    stopped, record = [r for r in runs if r["flow"] == "score-model"][-2:]
+    stopped, record = [r for r in runs_of(load_settings()) if r["flow"] == "score-model"][-2:]
     assert stopped["status"] != "completed" and record["status"] == "completed", (stopped, record)
     verdicts = Lake(load_settings().lake_dir).read("verdicts", ["stopped"]).to_pylist()
     assert sorted(v["prompt_id"] for v in verdicts) == sorted(ids) and {v["verdict"] for v in verdicts} == {"PASS"}
