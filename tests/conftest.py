@@ -57,6 +57,31 @@ def prefect_harness():
 
 
 @pytest.fixture(scope="session")
+def other_user():
+    """A second, unprivileged local account for the shared-server attacks (tests/otheruser.py):
+    created when the tests run as root (as CI does), removed at the end; skipped otherwise."""
+    from tests.otheruser import create_other_user, remove_other_user
+
+    user = create_other_user()
+    if user is None:
+        pytest.skip("needs root to create a second local account (CI runs as root)")
+    try:
+        yield user
+    finally:
+        remove_other_user(user)
+
+
+@pytest.fixture()
+def reachable_tmp():
+    """A folder every local account can enter (0755 under /tmp): where a workspace under attack
+    lives (tests/otheruser.py)."""
+    from tests.otheruser import reachable_dir
+
+    with reachable_dir() as path:
+        yield path
+
+
+@pytest.fixture(scope="session")
 def pg_server():
     """One throwaway PostgreSQL cluster for the session (tests/pgserver.py); tests make their own
     databases in it (``pg_server.new_database()``). Stopped and removed at the end."""
