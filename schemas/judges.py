@@ -13,6 +13,26 @@ from schemas.suite import CATEGORIES
 VERDICTS = ("PASS", "FAIL", "ERROR", "UNPARSABLE")
 JUDGE_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
 
+# Which environment variables a judge may send as its Bearer key (issue 24 item 9): names that
+# hold an API key by the convention of the OpenAI-compatible services (OPENAI_API_KEY,
+# OPENROUTER_API_KEY, GEMINI_API_KEY, AZURE_OPENAI_API_KEY, ...), never imagebench's own settings
+# (IMAGEBENCH_*: the panel database URL and its password), Prefect's (PREFECT_API_KEY) nor AWS's
+# (the object store's credentials). Google and Azure credentials (GOOGLE_APPLICATION_CREDENTIALS,
+# AZURE_CLIENT_SECRET, AZURE_STORAGE_KEY) and passwords do not end in _API_KEY. Every allowed name
+# is also one tasks.store.redact masks by name. docs/JUDGES.md, "Keys".
+API_KEY_ENV_RE = re.compile(r"^[A-Z][A-Z0-9_]{0,119}_API_KEY$")
+API_KEY_ENV_REFUSED_PREFIXES = ("IMAGEBENCH_", "PREFECT_", "AWS_")
+
+
+def api_key_env_problem(name: str) -> str | None:
+    """Why ``name`` may not be a judge's ``api_key_env`` (None: it may)."""
+    if not API_KEY_ENV_RE.fullmatch(name):
+        return f"api_key_env {name!r} is not an API key variable: use a name like OPENAI_API_KEY ({API_KEY_ENV_RE.pattern})"
+    if name.startswith(API_KEY_ENV_REFUSED_PREFIXES):
+        return (f"api_key_env {name!r} names a setting of imagebench, Prefect or AWS "
+                f"({', '.join(p + '*' for p in API_KEY_ENV_REFUSED_PREFIXES)}), never sent to a judge")
+    return None
+
 
 class Route(BaseModel):
     """How one category is judged."""
@@ -60,6 +80,14 @@ class Endpoint(BaseModel):
     max_retries: int = Field(default=4, ge=0, le=20)  # on 429/5xx/timeouts, with backoff
     max_image_side: int = Field(default=2048, ge=64)  # larger images are refused with a clear error
     max_tokens: int = Field(default=512, ge=16)
+
+    @field_validator("api_key_env")
+    @classmethod
+    def _key_variable(cls, name: str | None) -> str | None:
+        problem = None if name is None else api_key_env_problem(name)
+        if problem:
+            raise ValueError(problem)
+        return name
 
     @model_validator(mode="after")
     def _openai_needs_url(self) -> "Endpoint":

@@ -36,7 +36,7 @@ WRONG_AWS_KEY_ID = f"AKIAWRONG{_RUN.upper()}KEYID"
 WRONG_AWS_SECRET = f"scanWrongSecret/{_RUN}+NotTheRealKey98765"
 JUDGE_KEY = f"sk-scan-{_RUN}-judgeApiKeyNeverLogged"
 OTHER_JUDGE_KEY = f"sk-other-{_RUN}-theKeyTheServerWants"
-JUDGE_KEY_ENV = "IMAGEBENCH_TEST_JUDGE_KEY"
+JUDGE_KEY_ENV = "SCAN_JUDGE_API_KEY"  # a judge key lives in a *_API_KEY variable (issue 24 item 9)
 SECRETS = {
     "AWS_ACCESS_KEY_ID": AWS_KEY_ID,
     "AWS_SECRET_ACCESS_KEY": AWS_SECRET,

@@ -110,3 +110,78 @@ def test_bad_endpoints_are_clear_errors(tmp_path: Path) -> None:
         load_judges_config(tmp_path / "broken.yaml")
     with pytest.raises(JudgesConfigError, match="not found"):
         load_judges_config(tmp_path / "nope.yaml")
+
+
+# ---- api_key_env: only variables that hold API keys (issue 24 item 9) ---------------------------
+
+def _judges_check(tmp_path: Path, base_url: str, key_env: str, env: dict[str, str]):
+    """`imagebench judges check` in its own process, both routed judges on ``base_url`` with
+    their key in ``key_env``."""
+    import os
+    import subprocess
+    import sys
+
+    endpoint = {"backend": "openai", "base_url": base_url, "model": "fake-qwen", "api_key_env": key_env,
+                "max_retries": 0, "timeout_s": 20}
+    cfg = _write(tmp_path / "judges.yaml", {"judges": {"qwen3-vl": endpoint, "gemma": endpoint}})
+    keep = {k: v for k, v in os.environ.items() if not k.startswith(("IMAGEBENCH_", "AWS_"))}
+    full = {**keep, "IMAGEBENCH_HOME": str(tmp_path / "home"), "IMAGEBENCH_JUDGES_CONFIG": str(cfg),
+            "IMAGEBENCH_WARM": "off", "COLUMNS": "10000", **env}
+    proc = subprocess.run([sys.executable, "-m", "flows.cli", "judges", "check", "--format", "json"], cwd=REPO,
+                          env=full, capture_output=True, text=True, timeout=300)
+    return cfg, proc
+
+
+@pytest.mark.parametrize("variable, value", [
+    ("AWS_SECRET_ACCESS_KEY", "scanAwsSecret/item9+AccessKey0123456789zz"),
+    ("IMAGEBENCH_PANEL_DATABASE", "postgresql://panel:Pan3lPassw0rdItem9@127.0.0.1:5/panel"),
+    ("PREFECT_API_KEY", "pnu_item9PrefectCloudKey0123456789"),
+    ("DATABASE_PASSWORD", "item9-plain-password-0123"),
+])
+def test_judges_check_sends_no_credential_that_is_not_an_api_key(tmp_path: Path, variable: str, value: str) -> None:
+    """A judges config naming a cloud credential or one of imagebench's own settings is refused
+    when it is loaded, in one line naming the file, the judge and the variable: the endpoint (a
+    real loopback server recording every header) receives nothing."""
+    from tests.fake_openai import FakeOpenAI
+
+    with FakeOpenAI(model="fake-qwen") as srv:
+        cfg, proc = _judges_check(tmp_path, srv.base_url, variable, {variable: value})
+        seen = list(srv.requests)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0, out
+    assert seen == [], [r.headers for r in seen]
+    assert value not in out
+    lines = [ln for ln in out.splitlines() if variable in ln]
+    assert len(lines) == 1 and str(cfg) in lines[0] and "qwen3-vl" in lines[0], out
+    assert "_API_KEY" in lines[0]  # says which names are allowed
+
+
+def test_judges_check_still_sends_an_api_key(tmp_path: Path) -> None:
+    from tests.fake_openai import FakeOpenAI
+
+    key = "sk-item9-allowed-judge-key-0123456789"
+    with FakeOpenAI(model="fake-qwen", api_key=key) as srv:
+        _, proc = _judges_check(tmp_path, srv.base_url, "FAKE_JUDGE_API_KEY", {"FAKE_JUDGE_API_KEY": key})
+        seen = list(srv.requests)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert seen and all(r.headers.get("Authorization") == f"Bearer {key}" for r in seen)
+    assert key not in proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("name, allowed", [
+    ("OPENAI_API_KEY", True), ("OPENROUTER_API_KEY", True), ("AZURE_OPENAI_API_KEY", True), ("GEMINI_API_KEY", True),
+    ("AWS_SECRET_ACCESS_KEY", False), ("AWS_BEARER_API_KEY", False), ("IMAGEBENCH_PANEL_DATABASE", False),
+    ("IMAGEBENCH_JUDGE_API_KEY", False), ("PREFECT_API_KEY", False), ("HOME", False), ("PGPASSWORD", False),
+    ("AZURE_CLIENT_SECRET", False), ("GOOGLE_APPLICATION_CREDENTIALS", False), ("openai_api_key", False),
+    ("_API_KEY", False), ("A B_API_KEY", False),
+])
+def test_api_key_env_names(tmp_path: Path, name: str, allowed: bool) -> None:
+    path = _write(tmp_path / "judges.yaml", {"judges": {"gemma": {
+        "backend": "openai", "base_url": "http://127.0.0.1:1/v1", "model": "g", "api_key_env": name}}})
+    if allowed:
+        assert load_judges_config(path).judges["gemma"].api_key_env == name
+        return
+    with pytest.raises(JudgesConfigError) as err:
+        load_judges_config(path)
+    msg = str(err.value)
+    assert "\n" not in msg and str(path) in msg and "gemma" in msg and repr(name) in msg

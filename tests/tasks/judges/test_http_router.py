@@ -281,13 +281,13 @@ def test_known_identities_are_never_requested_again_unless_rejudge(servers, make
 
 def test_api_key_reaches_the_server_and_nowhere_else(servers, make_item, monkeypatch, caplog) -> None:
     key = "sk-test-9f8e7d6c5b4a-SECRET"
-    monkeypatch.setenv("FAKE_JUDGE_KEY", key)
+    monkeypatch.setenv("FAKE_JUDGE_API_KEY", key)
     srv = servers(api_key=key, responder=Script({"error": [Reply(status=400, body=f'{{"error": "bad {key}"}}'.encode())]},
                                                 default=Reply(text=PASS_TEXT)))  # fmt: skip
     wrong = servers(api_key="another-key", responder=lambda r: Reply(text=PASS_TEXT))
     caplog.set_level(logging.DEBUG)
     items = [make_item("a fox"), make_item("an error echo")]
-    ep = endpoint(srv, api_key_env="FAKE_JUDGE_KEY")
+    ep = endpoint(srv, api_key_env="FAKE_JUDGE_API_KEY")
     calls, verdicts = judge_items(items, make_routing("alpha", None), config(alpha=ep), retry=FAST)
     assert all(r.headers.get("Authorization") == f"Bearer {key}" for r in srv.completions)
     assert sorted(v["verdict"] for v in rows(verdicts)) == ["ERROR", "PASS"]
@@ -296,15 +296,15 @@ def test_api_key_reaches_the_server_and_nowhere_else(servers, make_item, monkeyp
     calls2, verdicts2 = judge_items(
         [make_item()],
         make_routing("alpha", None),
-        config(alpha=endpoint(wrong, api_key_env="FAKE_JUDGE_KEY")),
+        config(alpha=endpoint(wrong, api_key_env="FAKE_JUDGE_API_KEY")),
         retry=FAST,
     )
-    assert "HTTP 401" in rows(verdicts2)[0]["reason"] and "FAKE_JUDGE_KEY" in rows(verdicts2)[0]["reason"]
+    assert "HTTP 401" in rows(verdicts2)[0]["reason"] and "FAKE_JUDGE_API_KEY" in rows(verdicts2)[0]["reason"]
     # the variable unset: no request is sent
-    monkeypatch.delenv("FAKE_JUDGE_KEY")
+    monkeypatch.delenv("FAKE_JUDGE_API_KEY")
     n = len(srv.completions)
     _, verdicts3 = judge_items([make_item()], make_routing("alpha", None), config(alpha=ep), retry=FAST)
-    assert len(srv.completions) == n and "FAKE_JUDGE_KEY" in rows(verdicts3)[0]["reason"]
+    assert len(srv.completions) == n and "FAKE_JUDGE_API_KEY" in rows(verdicts3)[0]["reason"]
     rows_check = check_judges(config(alpha=ep))
 
     everything = [str(v) for t in (calls, verdicts, calls2, verdicts2, verdicts3) for r in rows(t) for v in r.values()]
