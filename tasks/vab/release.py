@@ -11,11 +11,15 @@ Domains are mapped to ours one way (schemas.vab.RELEASE_DOMAINS); the letters ar
 2-image task's ``ground_truth_worst`` must be the other letter (or null): our tasks have no worst
 label for 2 images, and the official pick_worst asks for the other image. Extra columns are
 ignored. A row that breaks these rules is named by task id; every image then goes through the same
-ingest checks as our manifest (tasks.vab.sets.store_sets).
+ingest checks as our manifest (tasks.vab.sets.store_sets). An image struct without bytes is read
+from its ``path`` only when that path, every symlink followed, lies inside the release's folder
+(the folder given, or the one file's folder): an absolute path elsewhere, a ``..`` or a symlink
+leading out is refused by task id and path, and nothing outside is read (docs/VAB.md).
 """
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from schemas.vab import RELEASE_DOMAINS
@@ -38,7 +42,26 @@ def release_files(path: Path) -> list[Path]:
     return [path]
 
 
-def _image_loaders(file: Path, i: int, images: list) -> list:
+def release_root(path: Path) -> Path:
+    """The release's folder, symlinks resolved: the folder given, or the folder of the one file."""
+    path = Path(path)
+    return Path(os.path.realpath(path if path.is_dir() else path.parent))
+
+
+def _inside(root: Path, file: Path, k: int, rel: str) -> Path:
+    """The real path of an image struct's ``path`` (relative to its Parquet file's folder, as the
+    datasets library stores it) when it lies inside the release folder ``root`` after every
+    symlink is followed; else ValueError naming the path. A release is someone else's file: it
+    reads no file of the user's elsewhere (issue 24 item 8)."""
+    real = Path(os.path.realpath(file.parent / rel))  # an absolute rel replaces file.parent
+    if not real.is_relative_to(root):
+        # Named as the release writes it: the reason is kept in the pin (no local path of the user's).
+        raise ValueError(f"images[{k}] path {rel!r} is outside the release folder (symlinks followed): "
+                         "a release's images are its own bytes or files inside its folder")
+    return real
+
+
+def _image_loaders(file: Path, i: int, images: list, root: Path) -> list:
     out = []
     for k, img in enumerate(images):
         label = f"{file.name}[{i}].images[{k}]"
@@ -49,7 +72,7 @@ def _image_loaders(file: Path, i: int, images: list) -> list:
         if data is None:
             if not rel:
                 raise ValueError(f"images[{k}] has neither bytes nor a path")
-            p = Path(rel) if Path(rel).is_absolute() else file.parent / rel
+            p = _inside(root, file, k, rel)
             out.append((name, (lambda p=p: p.read_bytes())))
         else:
             out.append((name, (lambda d=data: d)))
@@ -84,6 +107,7 @@ def read_release(path: Path, problems: dict[str, str]) -> list[RawTask]:
     import pyarrow.parquet as pq
 
     raws: list[RawTask] = []
+    root = release_root(Path(path))
     for file in release_files(Path(path)):
         try:
             table = pq.read_table(file)
@@ -100,7 +124,7 @@ def read_release(path: Path, problems: dict[str, str]) -> list[RawTask]:
                 if row["domain"] not in RELEASE_DOMAINS:
                     raise ValueError(f"domain {row['domain']!r} is not one of {', '.join(RELEASE_DOMAINS)}")
                 labels, best, worst = _positions(row)
-                loaders = _image_loaders(file, i, row["images"])
+                loaders = _image_loaders(file, i, row["images"], root)
             except ValueError as exc:
                 problems[key] = str(exc)
                 continue

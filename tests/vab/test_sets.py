@@ -265,3 +265,53 @@ def test_the_vab_tasks_suite_is_a_second_guard_before_anything_is_written():
     text = str(info.value)
     for what in ("expect_compound_columns_to_be_unique", "n_images", "best", "domain"):
         assert what in text, (what, text)
+
+
+def test_release_reads_only_its_own_bytes_and_files(settings, src, tmp_path):
+    """An image struct with a path and no bytes is read only from inside the release's folder
+    (after symlinks): a private file elsewhere, reached by an absolute path, by ``..`` or by a
+    symlink inside the folder pointing out, is refused by task and path and never cached
+    (issue 24 item 8). Paths inside the folder, symlinks that stay inside included, still load."""
+    import os
+
+    import pyarrow as pa
+    from typer.testing import CliRunner
+
+    from flows.cli import app
+    from tasks.vab.sets import import_any
+
+    private = tmp_path / "private"
+    _png(private / "secret.png", (201, 13, 77))
+    secret = (private / "secret.png").read_bytes()
+    release = tmp_path / "release"
+    (release / "data").mkdir(parents=True)
+    _png(release / "images" / "inside.png", (10, 120, 240))
+    os.symlink(private / "secret.png", release / "data" / "out-link.png")
+    os.symlink(release / "images" / "inside.png", release / "data" / "in-link.png")
+    b = {i: (src / f"img{i}.png").read_bytes() for i in range(1, 4)}
+    img = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
+    paths = {"absolute": str(private / "secret.png"), "dotdot": "../../private/secret.png", "symlink": "out-link.png",
+             "inside": "../images/inside.png", "in-link": "in-link.png"}
+    rows = {"task_id": list(paths), "domain": ["photograph"] * len(paths), "substyle": [None] * len(paths),
+            "n_images": [2] * len(paths),
+            "images": [[{"bytes": b[1 + i % 3], "path": "x.png"}, {"bytes": None, "path": p}] for i, p in enumerate(paths.values())],
+            "labels": [["A", "B"]] * len(paths), "ground_truth_best": ["A"] * len(paths), "ground_truth_worst": ["B"] * len(paths)}
+    pq.write_table(pa.table({k: (pa.array(v, pa.list_(img)) if k == "images" else v) for k, v in rows.items()}),
+                   release / "data" / "test-00000-of-00001.parquet")
+
+    with pytest.raises(BadSets) as info:
+        import_any(settings, release, "leaky")
+    bad = info.value.problems
+    assert set(bad) == {"'absolute'", "'dotdot'", "'symlink'"}, bad
+    for task in ("absolute", "dotdot", "symlink"):
+        assert paths[task] in bad[f"'{task}'"] and "outside the release folder" in bad[f"'{task}'"], bad
+
+    r = CliRunner().invoke(app, ["vab", "import-sets", str(release), "--name", "leaky", "--skip-bad"])
+    assert r.exit_code == 0, r.output
+    rejected = [ln for ln in r.output.splitlines() if ln.startswith("rejected task")]
+    assert len(rejected) == 3 and all("outside the release folder" in ln for ln in rejected), r.output
+    assert [t.task_id for t in load_sets(settings, "leaky")] == ["inside", "in-link"]
+    cached = [p for p in settings.home.rglob("*") if p.is_file() and p.stat().st_size == len(secret)]
+    assert not any(p.read_bytes() == secret for p in cached)  # the private image never reached the workspace
+    inside = (release / "images" / "inside.png").read_bytes()
+    assert [p.read_bytes() for t in load_sets(settings, "leaky") for p in image_paths(settings, t)][1::2] == [inside, inside]
