@@ -24,6 +24,7 @@ from starlette.concurrency import run_in_threadpool
 from schemas.study import MEMO_MAX_SECONDS
 from tasks.panel.app import COOKIES, CSS, MAX_POSITION, PanelShell, _message, _page, parse_position, refusal
 from tasks.panel.blind import opaque_id
+from tasks.panel.limits import BodyLimit
 from tasks.panel.memo_audio import MEMO_CONTAINERS, MemoRejected, check_memo
 from tasks.panel.store import PanelError
 from tasks.beauty.store import PanelStore
@@ -86,7 +87,9 @@ def create_app(settings, study_id: str, public_url: str | None = None) -> FastAP
     public_url = public_url or panel_url_of(settings, study_id) or ""
     secure = public_url.lower().startswith("https://")
     session_s = float(getattr(settings, "panel_session_days", 28.0)) * 86400
-    shell = PanelShell(store, cookies=COOKIES, session_s=session_s, secure=secure, replace_sessions=True)
+    # A memo's body has its own limit, refused by size before it is read like every other body.
+    shell = PanelShell(store, cookies=COOKIES, session_s=session_s, secure=secure, replace_sessions=True,
+                       body_limits={"/memo": BodyLimit(MEMO_MAX_BYTES, json=True)})
     app = shell.app
     objects = open_configured_store(settings)
 
@@ -173,16 +176,9 @@ def create_app(settings, study_id: str, public_url: str | None = None) -> FastAP
         media_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
         if media_type not in MEMO_TYPES:
             return JSONResponse({"error": f"memo type {media_type or 'missing'} not accepted (audio only)"}, status_code=415)
-        declared = request.headers.get("content-length")
-        if declared is not None and (not declared.isdigit() or int(declared) > MEMO_MAX_BYTES):
-            return JSONResponse({"error": f"memo larger than {MEMO_MAX_BYTES} bytes"}, status_code=413)
-        data = bytearray()
-        async for chunk in request.stream():
-            data += chunk
-            if len(data) > MEMO_MAX_BYTES:
-                return JSONResponse({"error": f"memo larger than {MEMO_MAX_BYTES} bytes"}, status_code=413)
+        data = await request.body()  # at most MEMO_MAX_BYTES: the shell's body limit refused more (413) unread
         try:
-            audio = await run_in_threadpool(check_memo, bytes(data), media_type, MEMO_MAX_SECONDS)
+            audio = await run_in_threadpool(check_memo, data, media_type, MEMO_MAX_SECONDS)
         except MemoRejected as exc:
             return JSONResponse({"error": str(exc)}, status_code=exc.status)
         ext = audio.extension
@@ -195,7 +191,7 @@ def create_app(settings, study_id: str, public_url: str | None = None) -> FastAP
                 from tasks.panel.store import StudyClosed
 
                 raise StudyClosed(f"study {study_id} is closed: it accepts no memos")
-            objects.write(key, bytes(data))
+            objects.write(key, data)
             store.record_memo(label, pos, memo_id, key, media_type, len(data))
 
         try:

@@ -30,10 +30,11 @@ from pathlib import Path
 from urllib.parse import parse_qs
 
 from fastapi import FastAPI, Request
-from fastapi.responses import HTMLResponse, RedirectResponse, Response
+from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from starlette.concurrency import run_in_threadpool
 
 from tasks.panel.blind import BLIND_EXTENSION, BLIND_MEDIA_TYPE
+from tasks.panel.limits import BodyLimit, BodyLimitMiddleware, BodyRules, ServerLimits, raise_open_files_limit
 from tasks.panel.store import PanelError
 
 log = logging.getLogger("imagebench.panel")
@@ -41,7 +42,7 @@ log = logging.getLogger("imagebench.panel")
 COOKIE = "ib_session"  # the VAB expert panel's (tasks/vab/panel.py)
 COOKIES = {"judge": "ib_judge", "admin": "ib_admin"}  # the Beauty Index's, one per role: a judge link never logs the admin out
 MAX_POSITION = 2**31 - 1  # the store's INTEGER column; anything outside is a 400, never a 500
-MAX_FORM_BYTES = 4096
+MAX_FORM_BYTES = 4096  # every request body but the paths a protocol lists in ``body_limits`` (tasks/panel/limits.py)
 _ID_RE = re.compile(r"^[A-Za-z0-9_-]{8,64}$")
 _SECRET_PATH = re.compile(r"^/(j|admin)/[^/]+")
 
@@ -106,10 +107,13 @@ class PanelShell:
     ``cookies``: the cookie of each role; ``session_s``: how long a session lasts (None: until the
     study closes; the cookie is then a browser-session cookie); ``secure``: the cookies are
     ``Secure`` (the panel's public URL is https); ``replace_sessions``: a link opened again ends the
-    older sessions of its role and label."""
+    older sessions of its role and label; ``body_limits``: the paths whose request bodies may be
+    larger than ``MAX_FORM_BYTES`` (a memo upload), each refused beyond its own limit the same way
+    (:class:`tasks.panel.limits.BodyLimitMiddleware`; the rules are ``app.state.body_rules``)."""
 
     def __init__(self, store, *, cookies: dict[str, str], session_s: float | None = None, secure: bool = False,
-                 replace_sessions: bool = False, on_refusal: Callable[[PanelError], Response] = refusal):
+                 replace_sessions: bool = False, on_refusal: Callable[[PanelError], Response] = refusal,
+                 body_limits: dict[str, BodyLimit] | None = None):
         self.store, self.cookies, self.session_s, self.secure = store, cookies, session_s, secure
         self.replace_sessions = replace_sessions
 
@@ -120,6 +124,10 @@ class PanelShell:
 
         app = FastAPI(docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan)
         app.state.store = store
+        # Added before the headers-and-log middleware below, so inside it: a refusal by size or time
+        # carries the same security headers and gets its log line.
+        app.state.body_rules = BodyRules(BodyLimit(MAX_FORM_BYTES), dict(body_limits or {}))
+        app.add_middleware(BodyLimitMiddleware, rules=app.state.body_rules, refuse=_body_refusal)
 
         @app.middleware("http")
         async def _headers_and_log(request: Request, call_next):
@@ -159,13 +167,12 @@ class PanelShell:
 
     async def answer_form(self, request: Request, role: str) -> tuple[str, dict[str, str]] | Response:
         """An answer's POST: (label, the form's fields, first value of each), or the page that
-        refuses it: no session (401), a body over ``MAX_FORM_BYTES`` (413)."""
+        refuses it: no session (401). A body over ``MAX_FORM_BYTES`` never gets here: the body
+        limit answered 413 before reading it (tasks/panel/limits.py)."""
         label = await self.label(request, role)
         if label is None:
             return _message("Open your link", "Your session has ended: open the link you were sent.", 401)
         body = await request.body()
-        if len(body) > MAX_FORM_BYTES:
-            return _message("Not recorded", "request too large", 413)
         return label, {k: v[0] for k, v in parse_qs(body.decode("utf-8", "replace")).items()}
 
     async def image(self, request: Request, role: str, image_id: str, images_dir: Path,
@@ -179,13 +186,30 @@ class PanelShell:
         return Response(data, media_type=BLIND_MEDIA_TYPE)
 
 
-def make_server(app: FastAPI, host: str = "127.0.0.1", port: int = 8765, configure_logging: bool = True):
+def _body_refusal(status: int, text: str, limit: BodyLimit) -> Response:
+    """A body refused by size (413) or time (408): JSON for a path the page calls with fetch, else a page."""
+    if limit.json:
+        return JSONResponse({"error": text}, status_code=status)
+    return _message("Not recorded", f"{text}: nothing was saved", status)
+
+
+def make_server(app: FastAPI, host: str = "127.0.0.1", port: int = 8765, configure_logging: bool = True,
+                limits: ServerLimits = ServerLimits()):
     """A uvicorn server for ``app``: our redacted request log instead of uvicorn's access log
-    (``configure_logging=False`` leaves the process's logging alone, e.g. in tests)."""
+    (``configure_logging=False`` leaves the process's logging alone, e.g. in tests); h11 with a
+    deadline for every request's headers, bounded headers and keep-alive (``limits``,
+    tasks/panel/limits.py); the process's open-files limit raised, so that idle connections cannot
+    use up the descriptors a judge's connection needs. No ``limit_concurrency``: past it uvicorn
+    answers every new request 503, so a flood of idle connections would turn judges away; the
+    header deadline ends those connections instead, and the reverse proxy caps them in front."""
     import uvicorn
     from uvicorn.config import LOGGING_CONFIG
 
+    raise_open_files_limit()
     config = uvicorn.Config(app, host=host, port=port, access_log=False, log_level="info", lifespan="on",
-                            server_header=False, proxy_headers=False,
+                            server_header=False, proxy_headers=False, http=limits.protocol(),
+                            timeout_keep_alive=limits.keep_alive_s,
+                            h11_max_incomplete_event_size=limits.max_header_bytes,
+                            timeout_graceful_shutdown=limits.graceful_shutdown_s,
                             log_config=LOGGING_CONFIG if configure_logging else None)
     return uvicorn.Server(config)
