@@ -129,3 +129,21 @@ def no_aws_credentials(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
     for var in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("AWS_DEFAULT_REGION", os.environ.get("AWS_DEFAULT_REGION", "us-east-1"))
+
+
+# Recorded machines (tests/machines/README.md): an AMX + AVX-512 Intel Xeon and an AVX2-only AMD EPYC.
+RECORDED_MACHINES = ("intel-xeon-amx", "amd-epyc-7763-avx2")
+
+
+@pytest.fixture(params=RECORDED_MACHINES)
+def recorded_machine(request, monkeypatch):
+    """A test that reads machine facts (CPU flags, vendor, torch's capability, MKL's line, cores)
+    takes them from this fixture, run once per recorded machine: the code reads them through its
+    one seam (IMAGEBENCH_CPU_FACTS, tasks/hpsv3/cpu.py), so the test holds on any CPU."""
+    from pathlib import Path
+
+    from tasks.hpsv3.cpu import CPU_FACTS_ENV, load_recorded_machine
+
+    path = Path(__file__).parent / "machines" / f"{request.param}.json"
+    monkeypatch.setenv(CPU_FACTS_ENV, str(path))
+    return load_recorded_machine(path)

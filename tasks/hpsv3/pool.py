@@ -50,6 +50,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from .cpu import usable_cores
 from .preprocess import (
     ImageInput,
     PreprocessedImage,
@@ -78,7 +79,7 @@ def default_preprocess_workers(device_type: str) -> int:
     worker processes would only take cores from it, and torch's OpenMP threads spin while a
     sibling is descheduled."""
     if device_type == "cuda":
-        return max(1, len(os.sched_getaffinity(0)) - 1)
+        return max(1, usable_cores() - 1)
     return 0
 
 

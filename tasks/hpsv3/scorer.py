@@ -25,6 +25,7 @@ import torch
 
 from schemas.reference import ScorerIdentity, ScorerRuntime
 
+from .cpu import usable_cores
 from .model import (
     INSTRUCTION_TEMPLATE,
     REWARD_SUFFIX,
@@ -215,7 +216,7 @@ def pin_intra_op_threads(threads: int = 0) -> int:
     """Set torch's intra-op thread count to ``threads`` (0: the cores this process may run on,
     whatever OMP_NUM_THREADS its launcher set) and return it. Every scoring process calls this,
     so a CLI run, an in-process flow and a Dask worker use the same count."""
-    count = threads or len(os.sched_getaffinity(0))
+    count = threads or usable_cores()
     if torch.get_num_threads() != count:
         torch.set_num_threads(count)
     return count

@@ -112,10 +112,12 @@ def official_outputs(runtime: OfficialRuntime, workdir: Path, dtypes: tuple[str,
 
 
 def pinned_env() -> dict[str, str]:
-    """This process's environment with the CPU kernels pinned (tasks/hpsv3/cpu.py)."""
-    from tasks.hpsv3.cpu import PINNED_CPU_ENV
+    """This process's environment with the CPU kernels pinned (tasks/hpsv3/cpu.py). A child that
+    makes numbers records the machine it runs on: a recorded machine's facts (IMAGEBENCH_CPU_FACTS)
+    do not follow it there."""
+    from tasks.hpsv3.cpu import CPU_FACTS_ENV, PINNED_CPU_ENV
 
-    return {**os.environ, **PINNED_CPU_ENV}
+    return {**{k: v for k, v in os.environ.items() if k != CPU_FACTS_ENV}, **PINNED_CPU_ENV}
 
 
 def main() -> None:

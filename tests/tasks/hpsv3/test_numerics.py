@@ -47,16 +47,22 @@ def _write_images(sample_images, tmp_path: Path) -> list[str]:
 
 
 def test_same_settings_same_bits_in_another_process_with_another_thread_env(
-    scorer, tiny_base: Path, tiny_checkpoint: Path, sample_images, sample_prompts, tmp_path: Path
+    scorer, tiny_base: Path, tiny_checkpoint: Path, sample_images, sample_prompts, tmp_path: Path, recorded_machine
 ) -> None:
     """A Dask worker starts with OMP_NUM_THREADS=1, a CLI with the machine's default: pinning the
-    setting's thread count in each scoring process gives both the same runtime and the same bits."""
+    setting's thread count in each scoring process gives both the same runtime and the same bits.
+    The default count is the (recorded) machine's cores, which the child reads the same way."""
     import torch
 
     paths = _write_images(sample_images, tmp_path)
-    threads = pin_intra_op_threads(0)
-    assert threads == len(os.sched_getaffinity(0)) == torch.get_num_threads()
-    here, sizes = scorer.score_with_batch_sizes(paths, list(sample_prompts), batch_size=3)
+    before = torch.get_num_threads()
+    try:
+        threads = pin_intra_op_threads(0)
+        assert threads == recorded_machine.usable_cores == torch.get_num_threads()
+        here, sizes = scorer.score_with_batch_sizes(paths, list(sample_prompts), batch_size=3)
+        runtime_here = scorer.runtime(sizes[0]).model_dump()
+    finally:
+        torch.set_num_threads(before)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     args = json.dumps([str(tiny_base), str(tiny_checkpoint), paths, list(sample_prompts), 0])
     child = subprocess.run(
@@ -64,7 +70,7 @@ def test_same_settings_same_bits_in_another_process_with_another_thread_env(
     )
     assert child.returncode == 0, child.stderr[-3000:]
     there = json.loads(child.stdout.strip().splitlines()[-1])
-    assert there["runtime"] == scorer.runtime(sizes[0]).model_dump()
+    assert there["runtime"] == runtime_here and there["runtime"]["intra_op_threads"] == threads
     assert there["mu"] == here[:, 0].tolist()  # bit for bit
 
 

@@ -234,11 +234,11 @@ def test_ctrl_c_leaves_no_worker_and_no_shm_dir(tiny_base, tiny_checkpoint, tmp_
     assert stderr.count("KeyboardInterrupt") == 1, stderr
 
 
-def test_default_workers_and_setting(monkeypatch):
+def test_default_workers_and_setting(monkeypatch, recorded_machine):
     from schemas.settings import load_settings
     from tasks.runs.pinned import ScorerSpec
 
-    cores = len(os.sched_getaffinity(0))
+    cores = recorded_machine.usable_cores
     assert default_preprocess_workers("cuda") == max(1, cores - 1)
     assert default_preprocess_workers("cpu") == 0
     monkeypatch.setenv("IMAGEBENCH_HPSV3_PREPROCESS_WORKERS", "3")
