@@ -227,7 +227,7 @@ def report(
 
 LEADERBOARD_SORTS = ("overall", "capability", "eps", "rank", "model_id", "judge_coverage", "eps_prompts_lost", "scored_at")
 LEADERBOARD_TABLE_COLUMNS = (
-    "CASE WHEN rank = rank_worst THEN rank::VARCHAR ELSE rank || '-' || rank_worst END AS rank, model_id, "
+    "CASE WHEN rank = rank_worst THEN rank::VARCHAR ELSE rank || '-' || rank_worst END AS band, model_id, "
     "printf('%.1f [%.1f, %.1f]', overall, overall_lo, overall_hi) AS overall, "
     "printf('%.1f [%.1f, %.1f]', capability, capability_lo, capability_hi) AS capability, "
     "printf('%.1f [%.1f, %.1f]', eps, eps_lo, eps_hi) AS eps, "
@@ -241,10 +241,10 @@ LEADERBOARD_TABLE_COLUMNS = (
 
 def leaderboard(
     fmt: Annotated[OutputFormat, typer.Option("--format")] = OutputFormat.table,
-    sort: Annotated[str, typer.Option(help=f"one of {', '.join(LEADERBOARD_SORTS)}")] = "rank",
+    sort: Annotated[str, typer.Option(help=f"one of {', '.join(LEADERBOARD_SORTS)}; rank: by best place")] = "overall",
 ) -> None:
     """The leaderboard of the reference in force: Overall, Capability, EPS with 95% intervals,
-    rank bands, judge coverage and flags (one row per model)."""
+    rank bands, judge coverage and flags (one row per model), best Overall first."""
     with user_errors(log=False):
         if sort not in LEADERBOARD_SORTS:
             raise CliError(f"--sort {sort!r}: choose one of {', '.join(LEADERBOARD_SORTS)}")
@@ -252,8 +252,12 @@ def leaderboard(
         from tasks.lake.tables import query
 
         order = "ASC" if sort in ("model_id", "rank") else "DESC"
-        # Qualified names: the table view formats columns under the same names as strings.
+        # Qualified names: the table view formats columns under the same names as strings. The
+        # default is the headline (Overall; EPS for a model not judged yet), as the arenas list
+        # theirs, with the band beside it: a wide interval's best place (band 1-6) never puts a
+        # model above a better-scored one (issue 26 item 5). `--sort rank` orders by best place.
         sort = f"lb.{sort} {order} NULLS LAST" + (", lb.overall DESC NULLS LAST, lb.eps DESC" if sort == "rank" else "")
+        sort += ", lb.eps DESC NULLS LAST" if sort.startswith("lb.overall ") else ""
         # The terminal table shows what a reader compares; csv/json carry every column.
         select = LEADERBOARD_TABLE_COLUMNS if fmt is OutputFormat.table else "*"
         columns, rows = query(

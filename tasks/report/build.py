@@ -281,17 +281,12 @@ class CardView:
 
 
 def _order_rows(rows: list[LeaderboardRow]) -> list[LeaderboardRow]:
+    """The headline first (Overall, then EPS for a model not judged yet), as the arenas list theirs:
+    the rank band is shown beside it, never the order (issue 26 item 5)."""
+
     def key(r: LeaderboardRow) -> tuple:
         ov, ep = finite(r.overall), finite(r.eps)
-        return (
-            r.rank is None,
-            r.rank if r.rank is not None else 0,
-            ov is None,
-            -(ov or 0.0),
-            ep is None,
-            -(ep or 0.0),
-            r.model_id,
-        )
+        return (ov is None, -(ov or 0.0), ep is None, -(ep or 0.0), r.model_id)
 
     return sorted(rows, key=key)
 
