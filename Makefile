@@ -12,9 +12,10 @@ export GX_ANALYTICS_ENABLED := false
 
 # Debian packages the pipeline and its tests use: Tesseract (the offline OCR judge), Chromium
 # with its driver (the report's browser tests) and PostgreSQL (the panel store's tests start a
-# throwaway cluster: initdb/pg_ctl live in /usr/lib/postgresql/<major>/bin, not on PATH).
+# throwaway cluster: initdb/pg_ctl live in /usr/lib/postgresql/<major>/bin, not on PATH) and
+# LibreOffice Calc without its GUI (the exports' tests open every CSV in a real spreadsheet).
 # Installed when missing and we are root.
-SYSTEM_PACKAGES := tesseract-ocr chromium chromium-driver postgresql
+SYSTEM_PACKAGES := tesseract-ocr chromium chromium-driver postgresql libreoffice-calc-nogui
 
 setup: system-deps $(STAMP)
 
@@ -24,6 +25,7 @@ system-deps:
 	command -v chromium >/dev/null || missing="$$missing chromium"; \
 	command -v chromedriver >/dev/null || missing="$$missing chromium-driver"; \
 	ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || missing="$$missing postgresql"; \
+	command -v soffice >/dev/null || missing="$$missing libreoffice-calc-nogui"; \
 	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = 0 ]; then \
 	    echo "installing Debian packages:$$missing"; \

@@ -22,6 +22,31 @@ BEAUTY_QUESTION = "Did this make you feel something?"
 MEMO_MAX_SECONDS = 10
 STUDY_ID_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,63}$")
 LABEL_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+# Names and texts of a study are published (answers.csv, beauty_index.csv, study.json,
+# datasheet.md): none may begin like a spreadsheet formula (issue 24 item 7, docs/BEAUTY.md).
+GROUP_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+TOOL_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")  # a model id (tasks.store.storage.MODEL_ID_RE)
+FORMULA_START = ("=", "+", "-", "@")  # OWASP's list; a leading tab or CR is refused with them
+
+
+def text_problem(text: str) -> str | None:
+    """Why a free text of a study (title, question, a group's description or selection criteria)
+    cannot be published (None: it can): it begins like a spreadsheet formula, after any blanks,
+    or holds a control character other than a line break."""
+    if text[:1] in ("\t", "\r") or text.lstrip()[:1] in FORMULA_START:
+        return (f"{text[:40]!r} begins like a spreadsheet formula (=, +, -, @, a tab or CR): "
+                "it would run in whoever opens the study's exports; start it with a letter, a digit or a quote")
+    bad = next((c for c in text if c != "\n" and (ord(c) < 32 or 127 <= ord(c) < 160)), None)
+    if bad is not None:
+        return f"{text[:40]!r} holds the control character {bad!r}"
+    return None
+
+
+def _check_text(v: str) -> str:
+    problem = text_problem(v)
+    if problem:
+        raise ValueError(problem)
+    return v
 
 # The published panel (20 judges in five declared groups).
 PUBLISHED_GROUPS: dict[str, str] = {
@@ -58,6 +83,15 @@ class PanelGroup(BaseModel):
     description: str = ""
     # How judges were selected (published; identities never are).
     selection_criteria: str = ""
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not GROUP_NAME_RE.fullmatch(v):
+            raise ValueError(f"panel group name {v!r} must match {GROUP_NAME_RE.pattern} (it is published in every export)")
+        return v
+
+    _texts = field_validator("description", "selection_criteria")(_check_text)
 
 
 class JudgeSpec(BaseModel):
@@ -121,6 +155,16 @@ class StudyDefinition(BaseModel):
         if not STUDY_ID_RE.fullmatch(v):
             raise ValueError(f"study_id {v!r} must match {STUDY_ID_RE.pattern}")
         return v
+
+    _texts = field_validator("title", "question", "licence")(_check_text)
+
+    @field_validator("tools", "praised_for_aesthetics")
+    @classmethod
+    def _tool_ids(cls, tools: list[str]) -> list[str]:
+        bad = [t for t in tools if not TOOL_ID_RE.fullmatch(t) or ".." in t]
+        if bad:
+            raise ValueError(f"tool(s) {bad} must match {TOOL_ID_RE.pattern} (model ids)")
+        return tools
 
     @model_validator(mode="after")
     def _consistent(self) -> "StudyDefinition":

@@ -14,7 +14,6 @@ and logging. Imported by the sub-apps of flows/cli/, never importing them; no he
 
 from __future__ import annotations
 
-import csv
 import datetime as dt
 import decimal
 import json
@@ -223,10 +222,9 @@ def render(
         objs = [{c: _jsonable(v) for c, v in zip(columns, row)} for row in rows]
         out.write(json.dumps(objs, indent=1) + "\n")
     elif fmt is OutputFormat.csv:
-        writer = csv.writer(out, lineterminator="\n")
-        writer.writerow(columns)
-        for row in rows:
-            writer.writerow(["" if v is None else v for v in row])
+        from tasks.store.spreadsheet import write_csv
+
+        write_csv(out, columns, rows)  # no cell a spreadsheet would run (issue 24 item 7)
     else:
         from rich.console import Console
         from rich.table import Table

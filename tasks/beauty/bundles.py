@@ -33,6 +33,7 @@ from pathlib import Path, PurePosixPath
 import pyarrow as pa
 import pyarrow.parquet as pq
 import yaml
+from pydantic import ValidationError
 
 from schemas.study import STUDY_ANSWERS, STUDY_ID_RE, PreRegistration, StudyDefinition
 
@@ -138,8 +139,10 @@ def _definition(bundle: Bundle, study_id: str) -> StudyDefinition:
     d.setdefault("simulated", set(bundle.answers.column("source").to_pylist()) == {"simulated"})
     try:
         return StudyDefinition.model_validate(d)
-    except ValueError as exc:
-        raise BundleError(f"{bundle.path / 'study.json'}: {str(exc).splitlines()[0]}: {exc}") from None
+    except ValidationError as exc:  # one line: every field and why, as tasks.beauty.study.load_definition says it
+        errs = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'study'}: {e['msg'].removeprefix('Value error, ')}"
+                         for e in exc.errors())
+        raise BundleError(f"{bundle.path / 'study.json'}: {errs}") from None
 
 
 def _answers(bundle: Bundle, definition: StudyDefinition, prompt_ids: list[str]) -> pa.Table:

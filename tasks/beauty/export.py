@@ -23,11 +23,11 @@ folder beside the target and swapped in whole.
 
 from __future__ import annotations
 
-import csv
 import hashlib
 import io
 import json
 import os
+import re
 import shutil
 import tempfile
 from collections import Counter
@@ -38,6 +38,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from schemas.study import MEMO_MAX_SECONDS, PUBLISHED_GROUPS, salted_judge_id
+from tasks.store.spreadsheet import write_csv
 
 BUNDLE_MARKER = "datasheet.md"
 ANSWER_COLUMNS = ("judge_id", "panel_group", "prompt_id", "prompt", "tool", "answer", "shown_at", "answered_at",
@@ -56,13 +57,23 @@ class ExportError(RuntimeError):
 
 
 def _csv(table: pa.Table) -> str:
+    """The table as CSV, no cell a spreadsheet would run (tasks.store.spreadsheet)."""
     buf = io.StringIO()
-    w = csv.writer(buf, lineterminator="\n")
-    w.writerow(table.column_names)
-    for row in table.to_pylist():
-        w.writerow(["" if v is None else ("yes" if v is True else "no" if v is False else
-                                          v.isoformat() if hasattr(v, "isoformat") else v) for v in row.values()])
+    write_csv(buf, table.column_names,
+              ([None if v is None else ("yes" if v is True else "no" if v is False else
+                                        v.isoformat() if hasattr(v, "isoformat") else v) for v in row.values()]
+               for row in table.to_pylist()))
     return buf.getvalue()
+
+
+_MARKDOWN_ACTIVE = re.compile(r"([\\`*_\[\]<>|!#~])")
+
+
+def md(text) -> str:
+    """A text of the study (or of another lab's bundle) as Markdown that shows it as written: the
+    characters that make links, images, HTML, emphasis, headings or table cells are
+    backslash-escaped, line breaks become spaces (issue 24 item 7, docs/BEAUTY.md)."""
+    return _MARKDOWN_ACTIVE.sub(r"\\\1", " ".join(str(text).splitlines()))
 
 
 def _public_definition(definition, counts: Counter) -> dict:
@@ -108,18 +119,18 @@ def export_time(ts, created: datetime | None):
 def _datasheet(ctx, prereg_sha: str | None, counts: Counter, answers: pa.Table, index: pa.Table, memos: int, notes: list[str],
                status=None) -> str:
     d = ctx.definition
-    lines = [f"# Datasheet: Beauty Index study `{d.study_id}`", ""]
+    lines = [f"# Datasheet: Beauty Index study `{d.study_id}`", ""]  # study_id: [a-z0-9-]
     lines += [f"**{n}**" for n in notes] + ([""] if notes else [])
     lines += [
-        f"{d.title}" if d.title else "", "",
+        md(d.title) if d.title else "", "",
         "## Protocol",
-        f"- One question about every image: **\"{d.question}\"** Yes / No, with server-side timestamps "
+        f"- One question about every image: **\"{md(d.question)}\"** Yes / No, with server-side timestamps "
         f"(shown, answered){'; an optional voice memo of at most ' + str(MEMO_MAX_SECONDS) + ' s, never used for scoring' if d.memo else ''}.",
         "- Blind: judges never learnt which tool made an image; images one at a time, never side by side; "
         "order randomised per judge from a private secret whose sha256 was pre-registered at open.",
         "- Score: % of judges who said yes per (tool, prompt); Beauty Index of a tool = mean over the study's "
         "prompts of that (tool, prompt)'s % yes (0-100), with two-way cluster bootstrap intervals (judges x prompts).",
-        f"- Prompt suite: `{d.suite}` (sha256 `{ctx.suite_sha256}`, prompts.jsonl). Tools: {', '.join(d.tools)}.",
+        f"- Prompt suite: {md(d.suite)} (sha256 `{ctx.suite_sha256}`, prompts.jsonl). Tools: {md(', '.join(d.tools))}.",
         f"- Answers: {answers.num_rows} from {len(set(answers.column('judge_id').to_pylist()))} judges "
         f"(source: {', '.join(sorted(set(answers.column('source').to_pylist())))}).",
         "", "## Panel composition (counts only: identities are not published)", "",
@@ -127,17 +138,17 @@ def _datasheet(ctx, prereg_sha: str | None, counts: Counter, answers: pa.Table, 
     ]
     for g in d.groups:
         desc = g.description or PUBLISHED_GROUPS.get(g.name, "")
-        lines.append(f"| {g.name} | {desc} | {g.selection_criteria or '–'} | {counts.get(g.name, 0)} |")
+        lines.append(f"| {md(g.name)} | {md(desc)} | {md(g.selection_criteria or '–')} | {counts.get(g.name, 0)} |")
     lines += ["", "## Pre-registration", ""]
     if prereg_sha and status is not None and not status.preregistered:
         lines += [f"**Not pre-registered.** preregistration.json (sha256 `{prereg_sha}`) was written at "
-                  f"{ctx.prereg.created_at}, after {status.early_answers} of the answers had been given: the plan "
+                  f"{md(ctx.prereg.created_at)}, after {status.early_answers} of the answers had been given: the plan "
                   "postdates data, so its hypotheses are not a pre-registration. Hypotheses:", ""]
-        lines += [f"- {k}: {v}" for k, v in ctx.prereg.hypotheses.items()]
+        lines += [f"- {md(k)}: {md(v)}" for k, v in ctx.prereg.hypotheses.items()]
     elif prereg_sha:
-        lines += [f"preregistration.json, written once at open ({ctx.prereg.created_at}) before every answer, sha256 "
+        lines += [f"preregistration.json, written once at open ({md(ctx.prereg.created_at)}) before every answer, sha256 "
                   f"`{prereg_sha}`. Per-judge image orders were drawn from a private secret; the file publishes only "
-                  "its sha256 commitment. Hypotheses:", ""] + [f"- {k}: {v}" for k, v in ctx.prereg.hypotheses.items()]
+                  "its sha256 commitment. Hypotheses:", ""] + [f"- {md(k)}: {md(v)}" for k, v in ctx.prereg.hypotheses.items()]
     else:
         lines += ["None: the study was never opened in imagebench (answers imported), so no plan was pinned "
                   "before the answers; the analysis used the settings of study.json."]
@@ -160,8 +171,8 @@ def _datasheet(ctx, prereg_sha: str | None, counts: Counter, answers: pa.Table, 
 
     for r in leaderboard_rows(index):
         bi = index_text(r)
-        lines.append(f"| {r['rank']} | {r['tool']} | {bi} | {r['answers']} |")
-    lines += ["", "## Licence", "", f"{d.licence}: prompts, selection criteria, protocol, anonymised answers and "
+        lines.append(f"| {r['rank']} | {md(r['tool'])} | {bi} | {r['answers']} |")
+    lines += ["", "## Licence", "", f"{md(d.licence)}: prompts, selection criteria, protocol, anonymised answers and "
               "report. Judges' identities are not part of the release.", ""]
     return "\n".join(lines)
 

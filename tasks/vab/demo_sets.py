@@ -122,19 +122,18 @@ SUITE_MODELS = ("demo-baseline-a", "demo-baseline-c", "demo-blur-r3")  # best ..
 
 def write_suite_labels(settings: Any, path: Path) -> Path:
     """Labels CSV for `vab build-sets` (tasks.vab.sets.read_lake_labels): one prompt per category."""
-    import csv
-
     from tasks.runs.pinned import load_pinned_suite
+    from tasks.store.spreadsheet import write_csv
 
     first: dict[str, str] = {}
     for p in load_pinned_suite(settings).prompts:
         first.setdefault(p.category, p.prompt_id)
     path.parent.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for pid in first.values():
+        models = list(SUITE_MODELS)
+        random.Random(int(hashlib.sha256(pid.encode()).hexdigest()[:8], 16)).shuffle(models)
+        rows.append([pid, "photography", " ".join(models), SUITE_MODELS[0], SUITE_MODELS[-1]])
     with path.open("w", newline="") as fh:
-        w = csv.writer(fh)
-        w.writerow(["prompt_id", "domain", "models", "best", "worst"])
-        for pid in first.values():
-            models = list(SUITE_MODELS)
-            random.Random(int(hashlib.sha256(pid.encode()).hexdigest()[:8], 16)).shuffle(models)
-            w.writerow([pid, "photography", " ".join(models), SUITE_MODELS[0], SUITE_MODELS[-1]])
+        write_csv(fh, ["prompt_id", "domain", "models", "best", "worst"], rows, lineterminator="\r\n")
     return path

