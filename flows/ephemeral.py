@@ -19,12 +19,20 @@ The fix, chosen as the least invasive one that is reliable:
 Not ``PR_SET_PDEATHSIG``: it fires when the *thread* that forked the child ends, and Prefect may
 start the server from a worker thread that ends long before the command does. Not a process group
 either: a SIGKILL sent to the command's pid alone (``kill -9 PID``) does not reach its group.
+
+The same ``Popen`` binds the server's port in this process before the command line that names it
+exists, and hands the listening socket to uvicorn (``--fd``: flows/apisocket.py): another local
+user who reads the port in ``ps`` can no longer bind it first and receive the secret of the
+requests that follow. This process keeps its copy of the socket until it exits. A port taken in
+the instant between Prefect's choice (a bind test) and ours gets the answer of a uvicorn that could
+not bind it (exit status 3), on which Prefect picks another port.
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import socket
 import sys
 import threading
 import time
@@ -33,6 +41,8 @@ import types
 POLL_S = 0.5  # how often the server looks for its parent
 GRACE_S = 10.0  # SIGTERM, then this long for uvicorn's shutdown, then exit regardless
 _MARK = "_imagebench_guarded"
+_LISTENING: list[socket.socket] = []  # the API ports this process bound: kept open until it exits
+STARTUP_FAILURE = 3  # uvicorn's exit status when it cannot start; Prefect then picks another port
 
 
 def guard_ephemeral_server() -> bool:
@@ -70,7 +80,47 @@ class _SubprocessShim(types.ModuleType):
         return getattr(self._real, name)
 
     def Popen(self, args, *rest, **kwargs):  # noqa: N802 (the name Prefect calls)
-        return self._real.Popen(guarded_command(list(args), os.getpid()), *rest, **kwargs)
+        command = guarded_command(list(args), os.getpid())
+        if command == list(args) or "--port" not in command:
+            return self._real.Popen(command, *rest, **kwargs)
+        from flows.apisocket import PortTaken, bind_api_socket, uvicorn_on_socket
+
+        host = command[command.index("--host") + 1] if "--host" in command else "127.0.0.1"
+        port = int(command[command.index("--port") + 1])
+        try:
+            sock = bind_api_socket(host, port)
+        except PortTaken as exc:
+            print(f"imagebench: the embedded Prefect API could not take its port, another is used: {exc}",
+                  file=sys.stderr, flush=True)
+            return _NotStarted(command)
+        _LISTENING.append(sock)
+        kwargs["pass_fds"] = (*kwargs.get("pass_fds", ()), sock.fileno())
+        return self._real.Popen(uvicorn_on_socket(command, sock), *rest, **kwargs)
+
+
+class _NotStarted:
+    """What Prefect sees of a server that could not bind its port: a process that exited with
+    uvicorn's start-up failure status (SubprocessASGIServer.start then picks another port)."""
+
+    pid = None
+    stdin = stdout = stderr = None
+
+    def __init__(self, args: list[str]):
+        self.args, self.returncode = args, STARTUP_FAILURE
+
+    def poll(self) -> int:
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        return self.returncode
+
+    def terminate(self) -> None:  # nothing runs
+        pass
+
+    kill = terminate
+
+    def send_signal(self, _signum: int) -> None:
+        pass
 
 
 def _watch_parent(parent_pid: int) -> None:

@@ -194,14 +194,22 @@ def _exit_hooks_of_the_command() -> None:
         traceback.print_exc()
 
 
+# Prefect home -> the socket its API serves on, bound by this server before anything names the
+# port (flows/apisocket.py) and kept until this server exits: the port stays ours across restarts.
+_API_SOCKETS: dict[str, socket.socket] = {}
+
+
 def _prefect_api(apis: dict, home: object) -> str:
     """The embedded Prefect API for the Prefect home ``home``, started on first use as Prefect
     starts its ephemeral one (same uvicorn arguments), with this server's environment (its key
     fixes every PREFECT_* variable to the client's), that home and its secret (flows/apiauth.py),
-    through flows/ephemeral.py so it exits when this server does. Nothing else comes from the request."""
+    through flows/ephemeral.py so it exits when this server does. Nothing else comes from the request.
+    Its port is bound here first and the socket handed to uvicorn (``--fd``): no other local user
+    can take the port its command line shows and receive the secret of the requests that follow."""
     import prefect
 
-    from flows import apiauth, server
+    from flows import apiauth
+    from flows.apisocket import bind_api_socket, uvicorn_on_socket
 
     if not isinstance(home, str) or not os.path.isabs(home):
         raise ValueError("home: an absolute path")
@@ -211,15 +219,17 @@ def _prefect_api(apis: dict, home: object) -> str:
     known = apis.get(home)
     if known is not None and known[0].poll() is None:
         return known[1]
-    port = server.free_port()
+    sock = _API_SOCKETS.get(home) or _API_SOCKETS.setdefault(home, bind_api_socket("127.0.0.1", 0))
+    port = sock.getsockname()[1]
     env = {**os.environ, "PREFECT_HOME": home, "PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1",
            "PREFECT__SERVER_FINAL": "1", **apiauth.server_environment(Path(home))}
     env.pop("PREFECT_API_URL", None)
+    command = [sys.executable, "-m", "flows.ephemeral", str(os.getpid()), "uvicorn", "--app-dir",
+               str(prefect.__module_path__.parent), "--factory", "prefect.server.api.server:create_app", "--host",
+               "127.0.0.1", "--port", str(port), "--log-level", "error", "--lifespan", "on"]
     proc = subprocess.Popen(  # noqa: S603
-        [sys.executable, "-m", "flows.ephemeral", str(os.getpid()), "uvicorn", "--app-dir",
-         str(prefect.__module_path__.parent), "--factory", "prefect.server.api.server:create_app", "--host",
-         "127.0.0.1", "--port", str(port), "--log-level", "error", "--lifespan", "on"],
-        env=env, cwd=str(warm.code_root()), stdin=subprocess.DEVNULL,
+        uvicorn_on_socket(command, sock), env=env, cwd=str(warm.code_root()), stdin=subprocess.DEVNULL,
+        pass_fds=(sock.fileno(),),
     )
     apis[home] = (proc, f"http://127.0.0.1:{port}/api")
     log.info("Prefect API for %s on port %d (pid %d)", home, port, proc.pid)

@@ -550,6 +550,7 @@ def _serve_with_local_server(settings: Settings, port: int | None) -> None:
 # "<flow name>/<deployment name>" of flows/deployments.py (not imported here: it loads the flows).
 BACKFILL_DEPLOYMENT = "score-model/backfill"
 BACKFILL_POLL_S = 2.0
+LOCAL_SERVER_SOURCE = "the local server of `make serve`"  # where server_api_url found the API
 
 
 def server_api_url(settings: Settings) -> tuple[str | None, str]:
@@ -569,11 +570,16 @@ def server_api_url(settings: Settings) -> tuple[str | None, str]:
     url = (get_current_settings().api.url or "").strip()
     if url and url != embedded:
         return url, "PREFECT_API_URL in the Prefect settings"
+    from rich.markup import escape
+
     from flows.server import API_URL_FILE, server_home, use_recorded_api
 
-    url = use_recorded_api(settings.home)
+    # A file whose port is not held by the `serve` that wrote it (killed with -9, the port then
+    # anyone's) is removed, said in one line, and never sent a request (flows/server.py).
+    url = use_recorded_api(settings.home, say=lambda line: err.print(f"[yellow]{escape(line)}[/]", highlight=False,
+                                                                      soft_wrap=True))
     if url:
-        return url, f"the local server of `make serve`, {server_home(settings.home) / API_URL_FILE}"
+        return url, f"{LOCAL_SERVER_SOURCE}, {server_home(settings.home) / API_URL_FILE}"
     return None, ""
 
 
@@ -653,9 +659,16 @@ def backfill_on_server(
             return
         import time
 
+        from flows.server import recorded_server_problem
+
         seen = None
         try:
             while True:
+                # The local server of `make serve` may stop while we wait, and its port be taken by
+                # someone else: checked again before each request that carries its secret.
+                problem = recorded_server_problem(settings.home) if source.startswith(LOCAL_SERVER_SOURCE) else None
+                if problem is not None:
+                    raise CliError(f"stopped waiting for flow run {flow_run.id}: {problem}; nothing more was sent there")
                 flow_run = client.read_flow_run(flow_run.id)
                 state = flow_run.state
                 if state is not None and state.name != seen:

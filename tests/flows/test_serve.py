@@ -194,7 +194,8 @@ def _flow_signature_names(entrypoint: str) -> set[str]:
 
 @pytest.fixture(scope="module", autouse=True)
 def prefect_server(tmp_path_factory):
-    """One real `prefect server start` on a free loopback port for this module (flows/server.py).
+    """One real Prefect server (flows/server.py: Prefect's server app, as `prefect server start` runs
+    it, on a socket bound first) on a free loopback port for this module.
 
     Started without waiting, at the module's first test: its database migrations (~20 s on a
     fresh home) overlap the tests that do not need it; `_ready` waits for `/api/health`.
@@ -217,6 +218,18 @@ def _ready(server):
         server.wait_healthy()
         print(f"\n[prefect] server {server.url} ready in {server.started_in_s:.1f}s")
     return server
+
+
+def test_the_ui_calls_the_api_of_its_own_port(prefect_server):
+    """The UI asks /ui-settings where its API is: the server's own address, not 4200 (a server on
+    another port, as IMAGEBENCH_PREFECT_PORT gives, sent its UI's calls to whoever held 4200:
+    issue 24 item 5). The module's server listens on a free port, never 4200."""
+    import httpx
+
+    server = _ready(prefect_server)
+    assert server.port != 4200
+    settings = httpx.get(f"{server.url}/ui-settings", timeout=30)
+    assert settings.status_code == 200 and settings.json()["api_url"] == server.api_url, settings.text
 
 
 # ---- prefect.yaml, statically -----------------------------------------------------------------
@@ -494,11 +507,13 @@ def test_local_server_stops_on_sigterm(prefect_server, workspace, tmp_path):
         for headers in ({}, {"Authorization": "Basic " + base64.b64encode(b"guess").decode()}):
             assert httpx.post(f"{api}/deployments/filter", json={}, headers=headers).status_code == 401
             assert httpx.post(f"{api}/flows/", json={"name": "intruder"}, headers=headers).status_code == 401
+        # IMAGEBENCH_PREFECT_PORT's server tells its UI to call itself (issue 24 item 5)
+        assert httpx.get(f"http://127.0.0.1:{port}/ui-settings", timeout=30).json()["api_url"] == api
         text = log.read_text()
         assert "PREFECT_API_URL=http://127.0.0.1:9/api is set, but --local-server" in text
         assert f"UI:        http://127.0.0.1:{port}" in text and "imagebench backfill --model M" in text
         servers = [p for p in psutil.Process(proc.pid).children(recursive=True)
-                   if "server" in p.cmdline() and "start" in p.cmdline()]
+                   if "prefect.server.api.server:create_app" in p.cmdline()]
         assert len(servers) == 1, [p.cmdline() for p in psutil.Process(proc.pid).children(recursive=True)]
         assert str(home.resolve()) == servers[0].environ()["PREFECT_HOME"]
         proc.send_signal(signal.SIGTERM)
