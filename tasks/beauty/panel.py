@@ -39,9 +39,30 @@ def _pct(pair: dict) -> str:
 
 JS = """(function(){
 var form=document.getElementById('answer-form'); if(!form) return;
-var sent=false, pending=false;
-// One answer per page: a second click, key or submit is dropped (the server would record one anyway).
-form.addEventListener('submit',function(e){ if(sent||pending){ e.preventDefault(); return; } sent=true; });
+var sent=false, pending=false, saving=null;
+function say(text){ if(!saving){ saving=document.createElement('p'); saving.id='saving'; saving.setAttribute('role','status');
+  form.parentNode.insertBefore(saving,form.nextSibling); } saving.textContent=text; }
+// One answer per page: a second click, key or submit is dropped. The answer is sent by fetch and
+// kept until the server has it: a busy server (503), a proxy with no server behind it (502, 504)
+// or no connection at all gets the same form again, after 1, 2, 4, then every 8 s. The store keys
+// an answer by judge and position, so an answer sent twice is recorded once.
+form.addEventListener('submit',function(e){
+  e.preventDefault(); if(sent||pending) return; sent=true;
+  var body=new URLSearchParams(new FormData(form)); if(e.submitter&&e.submitter.name) body.append(e.submitter.name,e.submitter.value);
+  Array.prototype.forEach.call(form.querySelectorAll('button'),function(b){ b.disabled=true; });
+  send(body.toString(),0); });
+function send(body,tries){
+  say(tries?'Saving... (the server did not take it yet: trying again)':'Saving...');
+  fetch(form.action,{method:'POST',body:body,credentials:'same-origin',redirect:'manual',
+                     headers:{'Content-Type':'application/x-www-form-urlencoded'}})
+    .then(function(r){
+      if(r.type==='opaqueredirect'){ location.assign('/judge'); return; }  // recorded: the next image
+      if(r.status===502||r.status===503||r.status===504){ later(body,tries); return; }
+      return r.text().then(function(t){  // refused for good (session ended, study closed...): its page
+        var doc=new DOMParser().parseFromString(t,'text/html'); document.title=doc.title||document.title;
+        document.body.innerHTML=doc.body?doc.body.innerHTML:t; }); },
+      function(){ later(body,tries); }); }
+function later(body,tries){ setTimeout(function(){ send(body,tries+1); },Math.min(1000*Math.pow(2,tries),8000)); }
 document.addEventListener('keydown',function(e){ if(e.ctrlKey||e.metaKey||e.altKey||e.repeat) return;
   var k=e.key.toLowerCase(); if(k!=='y'&&k!=='n') return; e.preventDefault();
   form.requestSubmit(document.getElementById(k==='y'?'yes':'no')); });

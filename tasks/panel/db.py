@@ -40,6 +40,9 @@ IDENTITY_TABLE = "panel_store"
 # Connections per panel server: the app answers in a thread pool of 40 (anyio's default), so up
 # to 40 requests may hold one at once; PostgreSQL's default max_connections is 100.
 PG_POOL_SIZE, PG_MAX_OVERFLOW = 10, 30
+# The execution option of a transaction that only reads (``engine.execution_options(**{READ_ONLY: True})``):
+# on SQLite it begins deferred instead of taking the write lock.
+READ_ONLY = "imagebench_read_only"
 
 
 class PanelUrlError(ValueError):
@@ -136,7 +139,10 @@ def make_engine(url: str | URL, busy_timeout_s: float = 10.0) -> Engine:
 
         @event.listens_for(engine, "begin")
         def _begin(conn):
-            conn.exec_driver_sql("BEGIN IMMEDIATE")  # take the write lock up front: no upgrade deadlock
+            if conn.get_execution_options().get(READ_ONLY):
+                conn.exec_driver_sql("BEGIN")  # a reader in WAL mode: a snapshot, never waits for the write lock
+            else:
+                conn.exec_driver_sql("BEGIN IMMEDIATE")  # take the write lock up front: no upgrade deadlock
 
         return engine
     return create_engine(u, pool_pre_ping=True, pool_size=PG_POOL_SIZE, max_overflow=PG_MAX_OVERFLOW,

@@ -11,6 +11,14 @@ only (installed with Prefect).
 
 Each protocol keeps its own tables and store on this base: the Beauty Index's in
 tasks/beauty/store.py, VAB's in tasks/vab/store.py.
+
+Busy SQLite (issue 26 item 1): SQLite has one writer at a time, and its busy handler polls (sleeps
+of up to 100 ms), so 40 request threads of one server contending for the write lock lose most of
+their time asleep while the lock is free, and on a loaded machine some waited past the busy timeout
+(a 503). A server's writers therefore take turns on one lock of this process first
+(:data:`WRITER_WAIT_S`; handed over at once), and the busy timeout is left to other processes
+(``study status``, a second server); the session lookup that starts every request only reads, in a
+deferred transaction that never waits for the write lock (WAL).
 """
 
 from __future__ import annotations
@@ -18,6 +26,7 @@ from __future__ import annotations
 import hashlib
 import os
 import secrets
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -36,10 +45,26 @@ from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 
 from tasks.panel.db import (  # noqa: F401 - make_engine, open_engine re-exported
-    attach, identity_table, make_engine, one_line, open_engine, public_url, write_record)
+    READ_ONLY, attach, identity_table, make_engine, one_line, open_engine, public_url, write_record)
 
 PANEL_DB_NAME = "panel.sqlite"
 PANEL_DATABASE_ENV = "IMAGEBENCH_PANEL_DATABASE"
+# How long a write waits for this process's earlier writers to the same SQLite file before it is a
+# 503 "try again": under a reverse proxy's 60 s read timeout (docs/BEAUTY.md), with the busy timeout.
+WRITER_WAIT_S = 30.0
+_writer_locks: dict[str, threading.RLock] = {}
+_writer_locks_guard = threading.Lock()
+
+
+def writer_turn(engine: Engine) -> threading.RLock | None:
+    """The lock this process's writers to ``engine``'s SQLite file take turns on (one per file,
+    whatever the number of stores or engines on it); None for PostgreSQL (row locks, no single writer).
+    Reentrant: a store method that writes inside another's transaction does not wait for itself."""
+    if engine.dialect.name != "sqlite":
+        return None
+    key = os.path.realpath(engine.url.database)
+    with _writer_locks_guard:
+        return _writer_locks.setdefault(key, threading.RLock())
 
 
 def study_database(study_dir: str | os.PathLike[str], database: str | None = None) -> str:
@@ -125,7 +150,7 @@ class SqlStore:
             self.record = write_record(Path(study_dir), self.engine.url, self.store_id)
 
     def study_row(self) -> dict | None:
-        with self._tx() as c:
+        with self._tx(read_only=True) as c:
             row = c.execute(select(self.STUDIES).where(self.STUDIES.c.study_id == self.study_id)).mappings().first()
         return dict(row) if row else None
 
@@ -156,19 +181,30 @@ class SqlStore:
     def __init__(self, engine: Engine, study_id: str):
         self.engine = engine
         self.study_id = study_id
+        self._reader = engine.execution_options(**{READ_ONLY: True})
+        self._writers = writer_turn(engine)
 
     def dispose(self) -> None:
         self.engine.dispose()
 
     @contextmanager
-    def _tx(self) -> Iterator:
+    def _tx(self, read_only: bool = False) -> Iterator:
+        """A transaction; a write first takes this process's turn on an SQLite file (module
+        docstring). ``read_only``: a snapshot that never waits for the write lock (SQLite)."""
+        turn = None if read_only else self._writers
+        if turn is not None and not turn.acquire(timeout=WRITER_WAIT_S):
+            raise StoreUnavailable(f"the panel database is busy (its writers queued past {WRITER_WAIT_S:g} s); "
+                                   "nothing was saved, try again")
         try:
-            with self.engine.begin() as conn:
+            with (self._reader if read_only else self.engine).begin() as conn:
                 yield conn
         except OperationalError as exc:  # locked past the busy timeout, disk full, server gone
             raise StoreUnavailable(f"the panel database could not record this ({one_line(exc)}); nothing was saved, try again") from exc
         except PoolTimeout as exc:  # every connection busy past the pool timeout (PostgreSQL under load)
             raise StoreUnavailable("the panel database is busy; nothing was saved, try again") from exc
+        finally:
+            if turn is not None:
+                turn.release()
 
     def insert_once(self, c, table: Table, values: dict) -> bool:
         """Insert a row unless its primary key is taken (then nothing happens): False when it was.
@@ -199,7 +235,7 @@ class SqlStore:
         if not secret or len(secret) > 128:
             return None
         t = self.SESSIONS
-        with self._tx() as c:
+        with self._tx(read_only=True) as c:  # every request starts here: it must not queue behind writers
             row = c.execute(select(t.c.role, t.c.label, t.c.created_at).where(
                 t.c.session_sha256 == sha256_hex(secret), t.c.study_id == self.study_id)).first()
         if row is None:
