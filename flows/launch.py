@@ -26,16 +26,14 @@ import atexit  # noqa: E402
 import selectors  # noqa: E402
 import socket  # noqa: E402
 import subprocess  # noqa: E402
-import time  # noqa: E402
-from pathlib import Path  # noqa: E402
 
 from flows import stopping, warm  # noqa: E402
 
 # The exit status of a command run in this process; set, the process ends after the exit handlers
 # without the interpreter's teardown (see _end_without_teardown).
 _cold_status: int | None = None
-START_TIMEOUT_S = 120.0  # a starter that has not made its server ready by then is taken for dead
 SERVER_GONE_GRACE_S = 10.0  # the command's process gets this long to end on SIGTERM, then SIGKILL
+START_LOCK_WAIT_S = 10.0  # the key's mutex is held for a few file operations; past this, no server is started
 
 
 def _connect(path) -> socket.socket | None:
@@ -48,61 +46,48 @@ def _connect(path) -> socket.socket | None:
         return None
 
 
-def _starting(lock) -> bool:
-    """Whether the lock names a server start still under way (its process alive, not too old)."""
+def _start_server(key: str, env: dict[str, str]) -> int | None:
+    """Start the server of ``key`` unless one serves it or is starting (looked at now, under the
+    key's mutex: one may have become ready while this command ran). Detached (own session, stdio to
+    its log), so it outlives this command and no terminal signal reaches it; it exits when idle. It
+    waits for this process to end before it imports anything (flows/warm_server.py --after), so it
+    never competes with this command's end, and it inherits the hold on ``warm-KEY.starting``
+    (released once it serves or gives up). Its process id; None when none was started."""
     try:
-        pid = int(lock.read_text() or 0)
-        if time.time() - os.stat(lock).st_mtime > START_TIMEOUT_S:
-            return False
-        if pid:
-            os.kill(pid, 0)
-            return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-        return True  # its starter is between creating the lock and writing the pid
-    except (OSError, ValueError, IndexError):
-        return False
-
-
-def _start_server(key: str, env: dict[str, str]) -> None:
-    """Detached (own session, stdio to its log), so it outlives this command and no terminal
-    signal reaches it; it exits when idle. It waits for this process to end before it imports
-    anything (flows/warm_server.py --after), so it never competes with this command's end. One
-    starter per key: the lock file names the process on its way (the server removes it when ready)."""
-    lock = warm.runtime_dir() / f"warm-{key}.starting"
-    try:
-        fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
-    except FileExistsError:
-        if _starting(lock):
-            return
-        lock.unlink(missing_ok=True)  # its starter or server died: start it again
-        return _start_server(key, env)
+        with warm.key_lock(key, START_LOCK_WAIT_S):
+            if warm.holder(key, "serving") is not None:
+                return None
+            starting = warm.take_lock(warm.lock_path(key, "starting"), 0)
+    except warm.WarmUnavailable:
+        return None
+    if starting is None:
+        return None
     try:
         warm.make_room(key)
+        warm.rotate_log(key)
         logf = os.open(warm.log_path(key), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         try:
             proc = subprocess.Popen(  # noqa: S603 - our own module, our interpreter
-                [sys.executable, "-m", "flows.warm_server", key, "--after", str(os.getpid())],
+                [sys.executable, "-m", "flows.warm_server", key, "--after", str(os.getpid()), "--starting-fd", str(starting)],
                 env=env, cwd=str(warm.code_root()), stdin=subprocess.DEVNULL, stdout=logf, stderr=logf,
-                start_new_session=True, close_fds=True,
+                start_new_session=True, close_fds=True, pass_fds=(starting,),
             )
         finally:
             os.close(logf)
-        os.write(fd, str(proc.pid).encode())
+        warm.write_pid(starting, proc.pid)
+        return proc.pid
     finally:
-        os.close(fd)
+        os.close(starting)
 
 
-def connect(env: dict[str, str]) -> tuple[socket.socket, str] | str:
-    """A connection to the ready server of this environment and its cookie; else the key of the
-    server to start (this command then runs cold and starts it as it ends)."""
-    key = warm.server_key(env)
+def connect(key: str) -> tuple[socket.socket, str] | None:
+    """A connection to the server that serves ``key`` and its cookie; None when none answers (this
+    command then runs cold and starts one as it ends). Files are never removed here: a server's are
+    its own, and a dead one's go when the next takes the key (flows/warm.py)."""
     path = warm.socket_path(key)
     cookie = warm.read_cookie(key)
     sock = _connect(path) if cookie else None
-    if sock is not None:
-        return sock, cookie
-    if path.exists():  # a server that died: its files are stale
-        warm.remove_files(key)
-    return key
+    return (sock, cookie) if sock is not None else None
 
 
 class _Client:
@@ -139,7 +124,7 @@ def _exit_of(sock: socket.socket, buf: bytearray) -> int | None:
     return int(reply["exit"]) if reply and "exit" in reply else None
 
 
-def run_warm(sock: socket.socket, cookie: str, argv: list[str]) -> int:
+def run_warm(sock: socket.socket, cookie: str, argv: list[str], key: str = "") -> int:
     """Run ``imagebench ARGV`` in a child of the warm server; its exit status. The child reports
     it on a channel of its own; the server's connection says whether the server still lives."""
     client = _Client()
@@ -172,15 +157,15 @@ def run_warm(sock: socket.socket, cookie: str, argv: list[str]) -> int:
                 sel.unregister(mine)
                 sock.settimeout(5.0)
                 code = _exit_of(sock, buf)
-                return code if code is not None else _server_gone(client.child, None)
+                return code if code is not None else _server_gone(client.child, None, key)
             if sock in ready:
                 code = _exit_of(sock, buf)
                 if code is not None:
                     return code
-                return _server_gone(client.child, mine)
+                return _server_gone(client.child, mine, key)
 
 
-def _server_gone(child: int, channel: socket.socket | None) -> int:
+def _server_gone(child: int, channel: socket.socket | None, key: str = "") -> int:
     """The server died under the command: its Prefect API went with it, so the command is
     stopped (it would only retry a dead API) and this is said in one line."""
     if channel is not None:
@@ -205,8 +190,9 @@ def _server_gone(child: int, channel: socket.socket | None) -> int:
                 os.kill(child, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+    why = f"; why it stopped: {warm.log_path(key)}" if key else ""
     print(f"imagebench: error: the warm server stopped while running this command (process {child}, now "
-          "stopped); its run's record: `imagebench runs`, and $IMAGEBENCH_HOME/logs/imagebench.log",
+          f"stopped); its run's record: `imagebench runs`, and $IMAGEBENCH_HOME/logs/imagebench.log{why}",
           file=sys.stderr)
     return 1
 
@@ -229,10 +215,11 @@ def main() -> None:
     if warm.mode() != "off" and warm.command_of(argv) in warm.WARM_COMMANDS and "--help" not in argv:
         env = dict(os.environ)
         try:
-            found = connect(env)
-            if not isinstance(found, str):
-                sys.exit(run_warm(*found, argv))
-            to_start = found
+            key = warm.server_key(env)
+            to_start = key  # none answers, or it refused the command (nothing ran): cold, then start one
+            found = connect(key)
+            if found is not None:
+                sys.exit(run_warm(*found, argv, key))
         except (warm.WarmUnavailable, OSError) as exc:
             print(f"imagebench: running cold ({exc})", file=sys.stderr)
         for sig in (signal.SIGTERM, signal.SIGHUP):

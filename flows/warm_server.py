@@ -316,10 +316,17 @@ def _lower_priority():
     return normal
 
 
-def _subreaper_keeper() -> None:
+def _note(message: str) -> None:
+    """A line in the server's log from a process without logging set up (the keeper)."""
+    with contextlib.suppress(OSError):
+        os.write(2, f"{time.strftime('%Y-%m-%d %H:%M:%S')} imagebench.warm {message}\n".encode())
+
+
+def _subreaper_keeper(key: str, starting_fd: int) -> None:
     """Fork: the parent stays behind as a child subreaper that reaps the server and everything it
     leaves (a command whose server was killed finishes as the keeper's child, never a zombie),
-    and exits when nothing is left. The child returns and becomes the server."""
+    and exits when nothing is left. The child returns and becomes the server. A server killed by
+    a signal cannot say so: its keeper writes it in the log and removes the files it left."""
     try:
         import ctypes
 
@@ -328,86 +335,135 @@ def _subreaper_keeper() -> None:
             return
     except (OSError, AttributeError):
         return
-    if os.fork() == 0:
+    server = os.fork()
+    if server == 0:
         return
+    os.close(starting_fd)  # the server's to hold and release
     for sig in (signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, signal.SIG_IGN)
     while True:
-        try:
-            os.wait()
+        try:  # seen before it is reaped: its pid is not reused while its files are removed
+            info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOWAIT)
         except ChildProcessError:
             os._exit(0)
         except InterruptedError:
             continue
+        if info is None:
+            continue
+        if info.si_pid == server and info.si_code in (os.CLD_KILLED, os.CLD_DUMPED):
+            _note(f"warm server {key} (pid {server}) killed by {signal.Signals(info.si_status).name}")
+            _remove_dead(key, server)
+        elif info.si_pid == server and info.si_status:
+            _note(f"warm server {key} (pid {server}) exited with status {info.si_status}")
+            _remove_dead(key, server)
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(info.si_pid, 0)
 
 
-def serve(key: str) -> int:
-    path = warm.socket_path(key)
-    normal = _lower_priority()
-    preload()
-    _PRELOADED["key"] = key
-    try:
-        from flows import runners
+def _remove_dead(key: str, pid: int) -> None:
+    """The files of the dead server ``pid``: its own socket and cookie, and the public names when
+    they are still its own and no live server holds the key."""
+    own_sock, own_cookie = warm.own_socket_path(key, pid), warm.own_cookie_path(key, pid)
+    with contextlib.suppress(OSError, warm.WarmUnavailable), warm.key_lock(key, 5.0):
+        if warm.holder(key, "serving") is None:
+            for public, own in ((warm.socket_path(key), own_sock), (warm.cookie_path(key), own_cookie)):
+                if warm.same_file(public, own):
+                    public.unlink()
+    own_sock.unlink(missing_ok=True)
+    own_cookie.unlink(missing_ok=True)
 
-        _PRELOADED["runner"] = runners.runner_settings().model_dump()
-    except Exception:  # noqa: BLE001
-        _PRELOADED["runner"] = None
-    if normal is not None:
-        normal()
-    cookie = warm.write_cookie(key)
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}")
-    tmp.unlink(missing_ok=True)
-    listener.bind(str(tmp))
-    os.chmod(tmp, 0o600)
-    listener.listen(64)
-    listener.setblocking(False)
-    os.replace(tmp, path)  # ready: clients connect from now on
-    path_ino = os.stat(path).st_ino
-    (warm.runtime_dir() / f"warm-{key}.starting").unlink(missing_ok=True)  # the launchers' lock (flows/launch.py)
-    warm.CHILD_SOCKET, warm.CHILD_COOKIE = str(path), cookie  # children ask here for the Prefect API
-    log.info("warm server %s ready on %s (pid %d)", key, path, os.getpid())
-    children: dict[int, socket.socket] = {}  # command pid -> its client's connection
-    reading: dict[int, _Conn] = {}  # fileno -> a connection whose request is not complete yet
-    apis: dict[str, tuple[subprocess.Popen, str]] = {}  # Prefect home -> its embedded API
-    stopping = False
 
-    def stop(_signum, _frame) -> None:
-        nonlocal stopping
-        stopping = True
+class _Server:
+    """One warm server: its own socket and cookie, the key it serves while it holds
+    ``warm-KEY.serving``, its commands, and why it stopped taking them (``reason``)."""
 
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
-    sel = selectors.DefaultSelector()
-    sel.register(listener, selectors.EVENT_READ)
-    idle_s = warm.idle_seconds()
-    last_busy = time.monotonic()
+    def __init__(self, key: str) -> None:
+        self.key, self.pid = key, os.getpid()
+        self.sock_path, self.cookie_file = warm.own_socket_path(key, self.pid), warm.own_cookie_path(key, self.pid)
+        self.serving: int | None = None  # the descriptor holding warm-KEY.serving
+        self.reason: str | None = None  # set: draining (no new command; exits when its commands end)
+        self.children: dict[int, socket.socket] = {}  # command pid -> its client's connection
+        self.reading: dict[int, _Conn] = {}  # fileno -> a connection whose request is not complete yet
+        self.apis: dict[str, tuple[subprocess.Popen, str]] = {}  # Prefect home -> its embedded API
+        self.served = 0
+        self.signalled: int | None = None
+        self.room: subprocess.Popen | None = None
+        self.cookie = warm.write_cookie(self.cookie_file)
+        self.sock_path.unlink(missing_ok=True)  # a dead process's of the same pid
+        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.listener.bind(str(self.sock_path))
+        os.chmod(self.sock_path, 0o600)
+        self.listener.listen(64)
+        self.listener.setblocking(False)
+        self.sel = selectors.DefaultSelector()
+        self.sel.register(self.listener, selectors.EVENT_READ)
 
-    def drop(conn: _Conn) -> None:
+    def take_key(self) -> str | None:
+        """Serve the key: under its mutex, take ``warm-KEY.serving`` and link the public names to
+        this server's own. None when done; else why not (a live server has it: left alone)."""
+        with warm.key_lock(self.key):
+            fd = warm.take_lock(warm.lock_path(self.key, "serving"), 0)
+            if fd is None:
+                return f"warm server pid {warm.holder(self.key, 'serving')} already serves this key: its socket is left alone"
+            warm.write_pid(fd, self.pid)
+            self.serving = fd
+            warm.link_over(self.cookie_file, warm.cookie_path(self.key))
+            warm.link_over(self.sock_path, warm.socket_path(self.key))  # ready: clients connect from now on
+        return None
+
+    def give_up(self, why: str) -> None:
+        """Take no new command: the public names removed (while still this server's) and the key
+        released, so a new server of the key may start; this one exits when its commands end."""
+        if self.reason is None:
+            self.reason = why
+            log.info("warm server %s (pid %d) takes no new command: %s (%d running)", self.key, self.pid, why,
+                     len(self.children))
+        if self.serving is None:
+            return
+        for public, own in ((warm.socket_path(self.key), self.sock_path), (warm.cookie_path(self.key), self.cookie_file)):
+            if warm.same_file(public, own):  # nobody else changes them while this server holds .serving
+                public.unlink(missing_ok=True)
+        os.close(self.serving)
+        self.serving = None
+
+    def make_room(self) -> None:
+        """Another key's server may have started beside this one: the cap is kept now too, by a
+        process of its own (this one must keep serving; two servers pinging each other from their
+        loops would wait on each other)."""
+        self.room = subprocess.Popen(  # noqa: S603 - our own module, our interpreter
+            [sys.executable, "-c", "import sys; from flows import warm; warm.make_room(sys.argv[1])", self.key],
+            cwd=str(warm.code_root()), stdin=subprocess.DEVNULL,
+        )
+
+    def still_public(self) -> bool:
+        return warm.same_file(warm.socket_path(self.key), self.sock_path)
+
+    def drop(self, conn: _Conn) -> None:
         with contextlib.suppress(KeyError, ValueError):
-            sel.unregister(conn.sock)
-        reading.pop(conn.sock.fileno(), None)
+            self.sel.unregister(conn.sock)
+        self.reading.pop(conn.sock.fileno(), None)
         conn.close()
 
-    def handle(conn: _Conn, request: dict) -> None:
-        nonlocal stopping, last_busy
+    def handle(self, conn: _Conn, request: dict) -> None:
         fds, conn.fds = conn.fds, []
         sock = conn.sock
         sock.setblocking(True)
         op = request.get("op")
-        if not warm.cookie_ok(request.get("cookie"), cookie):
+        if not warm.cookie_ok(request.get("cookie"), self.cookie):
             refusal = {"error": "not authenticated (no or wrong cookie)"}
         elif op == "ping":
-            refusal = {"pid": os.getpid(), "key": key}
+            refusal = {"pid": self.pid, "key": self.key, "commands": len(self.children), "draining": self.reason is not None}
         elif op == "stop":
-            refusal, stopping = {"stopping": os.getpid()}, True
+            why = request.get("why")
+            self.give_up(why if isinstance(why, str) and why else "asked to stop")
+            refusal = {"stopping": self.pid, "commands": len(self.children)}
         elif op == "prefect-api":
             try:
-                refusal = {"url": _prefect_api(apis, request.get("home"))}
+                refusal = {"url": _prefect_api(self.apis, request.get("home"))}
             except (OSError, ValueError) as exc:
                 refusal = {"error": f"prefect-api: {exc}"}
         elif op == "run":
-            problem = _run_request_problem(request, fds)
+            problem = f"draining ({self.reason})" if self.reason is not None else _run_request_problem(request, fds)
             refusal = {"error": f"refused: {problem}"} if problem else None
         else:
             refusal = {"error": f"unknown op {op!r}"}
@@ -422,93 +478,162 @@ def serve(key: str) -> int:
         mask = signal.pthread_sigmask(signal.SIG_BLOCK, FORWARDED)
         pid = os.fork()
         if pid == 0:
-            sel.close()
-            listener.close()
+            self.sel.close()
+            self.listener.close()
+            if self.serving is not None:
+                os.close(self.serving)  # the key is the server's: a command outliving it holds nothing
             sock.close()  # the client learns that the server died from this connection alone
-            for other in [*children.values(), *(c.sock for c in reading.values())]:
+            for other in [*self.children.values(), *(c.sock for c in self.reading.values())]:
                 other.close()
             _child(request, fds, mask)
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         for fd in fds:
             os.close(fd)
         _reply(sock, {"pid": pid})
-        children[pid] = sock
-        last_busy = time.monotonic()
+        self.children[pid] = sock
+        self.served += 1
+        log.info("warm server %s (pid %d) runs %s as pid %d", self.key, self.pid, warm.command_of(request["argv"]), pid)
         with contextlib.suppress(OSError):
-            os.utime(path)  # last used: the least recently used server stops first (warm.make_room)
+            os.utime(self.sock_path)  # last used: the least recently used server stops first (warm.make_room)
 
-    try:
-        while not stopping:
-            try:  # socket removed (`warm stop` of a wedged server) or taken over: leave
-                if os.stat(path).st_ino != path_ino:
-                    break
-            except FileNotFoundError:
-                break
-            for pid in list(children):  # reap; tell the client how its command ended (if it still listens)
-                done, status = os.waitpid(pid, os.WNOHANG)
-                if done:
-                    sock = children.pop(pid)
-                    code = os.waitstatus_to_exitcode(status)
-                    _reply(sock, {"exit": code if code >= 0 else 128 - code})
-                    sock.close()
-            now = time.monotonic()
-            for conn in [c for c in reading.values() if c.deadline < now]:  # silent clients: dropped
-                drop(conn)
-            if children:
-                last_busy = now
-            elif now - last_busy > idle_s:
-                log.info("warm server %s idle for %.0f s: exiting", key, idle_s)
-                break
-            for event, _mask in sel.select(timeout=0.2):
-                if event.fileobj is listener:
-                    try:
-                        sock, _ = listener.accept()
-                    except (BlockingIOError, InterruptedError):
-                        continue
-                    sock.setblocking(False)
-                    conn = _Conn(sock)
-                    reading[sock.fileno()] = conn
-                    sel.register(sock, selectors.EVENT_READ, conn)
-                    continue
-                conn = event.data
+    def reap(self) -> None:
+        """Tell each client whose command ended how it ended (if it still listens)."""
+        for pid in list(self.children):
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                sock = self.children.pop(pid)
+                code = os.waitstatus_to_exitcode(status)
+                _reply(sock, {"exit": code if code >= 0 else 128 - code})
+                sock.close()
+
+    def read_ready(self, timeout: float) -> None:
+        for event, _mask in self.sel.select(timeout=timeout):
+            if event.fileobj is self.listener:
                 try:
-                    data, fds, _flags, _addr = socket.recv_fds(conn.sock, 65536, 4)
+                    sock, _ = self.listener.accept()
                 except (BlockingIOError, InterruptedError):
                     continue
-                except OSError:
-                    drop(conn)
-                    continue
-                conn.fds.extend(fds)
-                conn.buf.extend(data)
-                if not data or len(conn.buf) > warm._MAX_HEADER or len(conn.fds) > 4:
-                    drop(conn)
-                    continue
-                if b"\n" not in conn.buf:
-                    continue
-                sel.unregister(conn.sock)
-                reading.pop(conn.sock.fileno(), None)
-                try:
-                    request = json.loads(bytes(conn.buf).partition(b"\n")[0])
-                    if not isinstance(request, dict):
-                        raise ValueError
-                except ValueError:
-                    conn.close()
-                    continue
-                handle(conn, request)
-    finally:
-        try:
-            if os.stat(path).st_ino == path_ino:
-                warm.remove_files(key)
-        except OSError:
-            pass
-        listener.close()
-        for conn in list(reading.values()):
+                sock.setblocking(False)
+                conn = _Conn(sock)
+                self.reading[sock.fileno()] = conn
+                self.sel.register(sock, selectors.EVENT_READ, conn)
+                continue
+            conn = event.data
+            try:
+                data, fds, _flags, _addr = socket.recv_fds(conn.sock, 65536, 4)
+            except (BlockingIOError, InterruptedError):
+                continue
+            except OSError:
+                self.drop(conn)
+                continue
+            conn.fds.extend(fds)
+            conn.buf.extend(data)
+            if not data or len(conn.buf) > warm._MAX_HEADER or len(conn.fds) > 4:
+                self.drop(conn)
+                continue
+            if b"\n" not in conn.buf:
+                continue
+            self.sel.unregister(conn.sock)
+            self.reading.pop(conn.sock.fileno(), None)
+            try:
+                request = json.loads(bytes(conn.buf).partition(b"\n")[0])
+                if not isinstance(request, dict):
+                    raise ValueError
+            except ValueError:
+                conn.close()
+                continue
+            self.handle(conn, request)
+
+    def loop(self) -> None:
+        """Serve until drained: commands until told to stop (or idle), then its running commands
+        to their end; its own socket stays open meanwhile (its commands ask it for their API)."""
+        idle_s = warm.idle_seconds()
+        last_busy = time.monotonic()
+        while True:
+            if self.signalled is not None:
+                self.give_up(f"{signal.Signals(self.signalled).name} received")
+                self.signalled = None
+            if self.reason is None and not self.still_public():
+                self.give_up(f"its socket {warm.socket_path(self.key)} was removed or is not its own any more")
+            self.reap()
+            if self.room is not None and self.room.poll() is not None:
+                self.room = None
+            now = time.monotonic()
+            for conn in [c for c in self.reading.values() if c.deadline < now]:  # silent clients: dropped
+                self.drop(conn)
+            if self.children:
+                last_busy = now
+            elif self.reason is not None:
+                return
+            elif now - last_busy > idle_s:
+                self.give_up(f"idle for {idle_s:.0f} s")
+                continue
+            self.read_ready(0.2)
+
+    def close(self) -> None:
+        """On the way out: the key released, its own files removed, its Prefect APIs stopped."""
+        self.give_up(self.reason or "exiting")
+        self.listener.close()
+        for conn in list(self.reading.values()):
             conn.close()
-        for pid, sock in children.items():  # stopping with commands running: they finish on their own
+        for sock in self.children.values():  # only after an error: their clients say the server stopped
             sock.close()
-        for proc, _url in apis.values():  # they would also see us gone (flows/ephemeral.py)
+        self.sock_path.unlink(missing_ok=True)
+        self.cookie_file.unlink(missing_ok=True)
+        for proc, _url in self.apis.values():  # they would also see us gone (flows/ephemeral.py)
             proc.terminate()
-    return 0
+
+
+def serve(key: str, starting_fd: int) -> int:
+    """Import, then serve ``key`` unless a live server already does (this one then exits and
+    leaves that server's socket alone). ``starting_fd`` holds ``warm-KEY.starting``: released
+    once this server serves the key or has given up. Every way out is logged with its reason."""
+    server: _Server | None = None
+    try:
+        normal = _lower_priority()
+        preload()
+        _PRELOADED["key"] = key
+        try:
+            from flows import runners
+
+            _PRELOADED["runner"] = runners.runner_settings().model_dump()
+        except Exception:  # noqa: BLE001
+            _PRELOADED["runner"] = None
+        if normal is not None:
+            normal()
+        server = _Server(key)
+
+        def on_signal(signum, _frame) -> None:
+            server.signalled = signum
+
+        signal.signal(signal.SIGTERM, on_signal)
+        signal.signal(signal.SIGINT, on_signal)
+        try:
+            refused = server.take_key()
+        finally:
+            os.close(starting_fd)
+            starting_fd = -1
+        if refused is not None:
+            server.reason = refused
+            return 0
+        warm.CHILD_SOCKET, warm.CHILD_COOKIE = str(server.sock_path), server.cookie  # children ask here for the API
+        log.info("warm server %s ready on %s (pid %d)", key, warm.socket_path(key), server.pid)
+        server.make_room()
+        server.loop()
+        return 0
+    except BaseException as exc:
+        if server is not None:
+            server.reason = f"error: {exc!r}"
+        log.exception("warm server %s (pid %d) failed", key, os.getpid())
+        return 1
+    finally:
+        if starting_fd >= 0:
+            os.close(starting_fd)
+        if server is not None:
+            server.close()
+        log.info("warm server %s (pid %d) exiting: %s; %d commands served", key, os.getpid(),
+                 server.reason if server is not None else "an error before it could serve",
+                 server.served if server is not None else 0)
 
 
 AFTER_WAIT_S = 60.0  # a starter still tearing down after this long is not waited for any longer
@@ -540,20 +665,57 @@ def wait_for_exit(pid: int, timeout_s: float) -> bool:
     return False
 
 
+USAGE = "usage: python -m flows.warm_server KEY [--after PID] [--starting-fd FD]"
+
+
+def _arguments(argv: list[str]) -> tuple[str, int | None, int | None]:
+    """KEY, the pid to wait for (--after) and the inherited descriptor holding warm-KEY.starting."""
+    if not argv or argv[0].startswith("-") or len(argv) % 2 != 1:
+        raise SystemExit(USAGE)
+    options = dict(zip(argv[1::2], argv[2::2]))
+    if set(options) - {"--after", "--starting-fd"} or not all(v.isdigit() for v in options.values()):
+        raise SystemExit(USAGE)
+    after, fd = options.get("--after"), options.get("--starting-fd")
+    return argv[0], int(after) if after else None, int(fd) if fd else None
+
+
+def _starting_lock(key: str, fd: int | None) -> tuple[int | None, str | None]:
+    """The descriptor holding warm-KEY.starting: inherited from the launcher that started this
+    server, else taken here (started by hand). (None, why) when another server serves the key or
+    is starting."""
+    with warm.key_lock(key):
+        serving = warm.holder(key, "serving")
+        if serving is not None:
+            return None, f"warm server pid {serving} already serves this key"
+        if fd is None:
+            fd = warm.take_lock(warm.lock_path(key, "starting"), 0)
+            if fd is None:
+                return None, f"another server of this key is starting (pid {warm.holder(key, 'starting')})"
+            warm.write_pid(fd, os.getpid())
+    return fd, None
+
+
 def main(argv: list[str]) -> int:
-    if len(argv) not in (1, 3) or (len(argv) == 3 and argv[1] != "--after"):
-        raise SystemExit("usage: python -m flows.warm_server KEY [--after PID]")
+    key, after, starting_fd = _arguments(argv)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
     log.setLevel(logging.INFO)
-    if len(argv) == 3:
+    if after is not None:
         # Started by a command that ran cold (flows/launch.py): its user gets the prompt back before
         # this server takes any CPU, disk or memory beyond this interpreter's start.
-        pid = int(argv[2])
-        ended = wait_for_exit(pid, AFTER_WAIT_S)
-        log.info("starting at %.6f: process %d %s", time.time(), pid,
+        ended = wait_for_exit(after, AFTER_WAIT_S)
+        log.info("starting at %.6f: process %d %s", time.time(), after,
                  "ended" if ended else f"still running after {AFTER_WAIT_S:.0f} s")
-    _subreaper_keeper()
-    code = serve(argv[0])
+    try:
+        starting_fd, why_not = _starting_lock(key, starting_fd)
+    except warm.WarmUnavailable as exc:
+        starting_fd, why_not = None, str(exc)
+    if starting_fd is None:
+        log.info("warm server %s (pid %d) not starting: %s", key, os.getpid(), why_not)
+        logging.shutdown()
+        return 0
+    _subreaper_keeper(key, starting_fd)
+    log.info("warm server %s (pid %d) importing", key, os.getpid())
+    code = serve(key, starting_fd)
     logging.shutdown()
     os._exit(code)  # tearing down a process that imported torch, Prefect and GX takes seconds: skip it
 

@@ -27,7 +27,11 @@ def warm_status() -> None:
             err.print("no warm server running", highlight=False)
         for s in found:
             state = f"pid {s['pid']}" if s["pid"] else "not answering (stale socket)"
-            mark = "  <- this environment" if s["key"] == mine else ""
+            if s["pid"] and s["draining"]:
+                state += f" draining ({s['commands']} running, then it exits)"
+            elif s["pid"]:
+                state += f" {s['commands']} running"
+            mark = "  <- this environment" if s["key"] == mine and not s["draining"] else ""
             print(f"{s['key']}  {state}  {s['socket']}{mark}")
 
 
@@ -35,16 +39,23 @@ def warm_status() -> None:
 def warm_stop(
     all_servers: Annotated[bool, typer.Option("--all", help="every warm server of this user")] = False,
 ) -> None:
-    """Stop the warm server of this environment (or all of them); running commands finish."""
+    """Stop the warm server of this environment (or all of them); running commands finish first:
+    a busy server takes no new command and exits when they end."""
+    from pathlib import Path
+
     from flows import warm
 
     with user_errors():
         mine = warm.server_key(dict(os.environ))
-        targets = [s for s in warm.servers() if all_servers or s["key"] == mine]
+        targets = [s for s in warm.servers() if (all_servers or s["key"] == mine) and not s["draining"]]
         if not targets:
             err.print("no warm server to stop", highlight=False)
         for s in targets:
-            from pathlib import Path
-
-            answered = warm.stop(Path(s["socket"]))
-            err.print(f"{s['key']}: {'stopped' if answered else 'stale socket removed'}", highlight=False)
+            reply = warm.stop(Path(s["socket"]))
+            if reply is None:
+                said = "stale socket removed"
+            elif reply.get("commands"):
+                said = f"stopping: it takes no new command and exits when its {reply['commands']} running end"
+            else:
+                said = "stopped"
+            err.print(f"{s['key']}: {said}", highlight=False)

@@ -230,10 +230,17 @@ def shared(built_reference_template, tiny_model, tmp_path_factory):
     prompts = eligible_ids()[:12]
     for model in ("cold", "first", "warm-1", "warm-2", "after"):
         put_model(root / "home" / "objects", model, prompts, seed=5)  # the same bytes: the same mu
-    try:
-        yield {"root": root, "home": root / "home", "env": env, "prompts": prompts}
-    finally:
-        _stop_server(env)
+    # A warm-server directory of this module's own ($TMPDIR): its logs start empty (a server's log
+    # outlives it), and the cap never stops a server of anyone else's.
+    rt = Path(tempfile.mkdtemp(prefix="ibw-", dir="/tmp"))  # short: a socket path holds 107 bytes
+    env["TMPDIR"] = str(rt)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(tempfile, "tempdir", str(rt))
+        try:
+            yield {"root": root, "home": root / "home", "env": env, "prompts": prompts}
+        finally:
+            _stop_server(env)
+            shutil.rmtree(rt, ignore_errors=True)
 
 
 def _warm_api(home: Path, env: dict[str, str]) -> str:
@@ -491,11 +498,16 @@ def test_server_killed_mid_command_client_says_so_at_once_and_no_zombie(shared):
         _out, err = client.communicate(timeout=60)  # the command alone would block for minutes
         assert client.returncode == 1
         assert err.strip().splitlines()[-1].startswith("imagebench: error: the warm server stopped"), err
+        assert str(warm.log_path(warm.server_key(env))) in err  # where to read why
         assert "Traceback" not in err
         for pid in (child, server, *apis):
             _wait(lambda pid=pid: _state(pid) is None, f"process {pid} ends and is reaped (no zombie)", 60)
     finally:
         mute.close()
+    # Its keeper said how it ended, in the log that outlives it, and removed the files it left.
+    key = warm.server_key(env)
+    assert f"warm server {key} (pid {server}) killed by SIGKILL" in warm.log_path(key).read_text()
+    assert not warm.socket_path(key).exists() and not warm.own_socket_path(key, server).exists()
     # The next command finds the stale files, runs cold and starts a new server.
     again = _run(["score", "--model", "no-such-model"], env, timeout=120)
     assert again.returncode == 1 and "running cold" not in again.stderr, again.stderr
@@ -548,11 +560,13 @@ def test_stale_code_never_serves_and_servers_are_capped(shared, tmp_path, monkey
     assert cold.returncode == 1 and "ValidationFailed" in cold.stderr, cold.stderr[-2000:]
     hot = _run(["score", "--model", "after"], env, cwd=code, launch=launch)
     assert hot.returncode == 1 and "ValidationFailed" in hot.stderr, hot.stderr[-2000:]
-    # the old server was stopped to make room for the new one, and its files removed
+    # the old server was stopped to make room for the new one, its files removed, its log kept
     _wait(lambda: _state(old_pid) in (None, "Z"), "the least recently used server stops")
-    assert not warm.socket_path(old_key).exists() and not warm.log_path(old_key).exists()
     new_key = _key_in(code, env)
     assert new_key != old_key
+    assert not warm.socket_path(old_key).exists() and not warm.cookie_path(old_key).exists()
+    assert f"(pid {old_pid}) exiting: making room for warm server {new_key} (IMAGEBENCH_WARM_MAX_SERVERS=1)" \
+        in warm.log_path(old_key).read_text()
     new_pid = _wait(lambda: (warm._ask(warm.socket_path(new_key), "ping") or {}).get("pid"), "the new server", 900)
     try:
         again = _run(["score", "--model", "after"], env, cwd=code, launch=launch)

@@ -56,6 +56,7 @@ def test_polls_where_there_is_no_pidfd(monkeypatch):
 
 
 def test_the_server_refuses_a_malformed_command_line():
-    for argv in (["k", "--after"], ["k", "--before", "1"], []):
+    for argv in (["k", "--after"], ["k", "--before", "1"], [], ["--after", "1"], ["k", "--starting-fd", "x"]):
         res = subprocess.run([sys.executable, "-m", "flows.warm_server", *argv], cwd=REPO, capture_output=True, text=True)
-        assert res.returncode != 0 and "usage: python -m flows.warm_server KEY [--after PID]" in res.stderr
+        assert res.returncode != 0
+        assert "usage: python -m flows.warm_server KEY [--after PID] [--starting-fd FD]" in res.stderr
