@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import time
 from contextlib import ExitStack
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pyarrow as pa
@@ -140,6 +140,12 @@ def ensure_gpu_limit(limit: int) -> None:
             client.delete_concurrency_limit_by_tag(tag=GPU_TAG)
         except ObjectNotFound:
             pass
+
+
+def judge_setup(settings: Settings) -> units_judge.JudgeSetup:
+    """The routing and endpoints in force, with who shares each endpoint's limits in this run
+    (flows.runners.judge_limit_scope: this machine's lock files, or the Prefect server's)."""
+    return replace(units_judge.load_judge_setup(settings), limits=runners.judge_limit_scope(settings))
 
 
 @dataclass
@@ -507,7 +513,7 @@ def score_model_flow(
             # Verify the frozen reference (and that it was built by this scorer) before any work.
             reference = pinned.load_verified_reference(settings, suite, identity.scorer_id)
             record.scorer_id = identity.scorer_id
-            run = Run(settings, suite, reference, record, spec, units_judge.load_judge_setup(settings), rejudge)
+            run = Run(settings, suite, reference, record, spec, judge_setup(settings), rejudge)
             ensure_gpu_limit(settings.gpu_concurrency)
             set_aside_corrupt(run, [model_id])
             rows = _score_models(run, [model_id], refuse_busy=True)
@@ -539,7 +545,7 @@ def nightly_flow(rejudge: bool = False) -> dict:
         identity = pinned.scorer_identity(spec)
         reference = pinned.load_verified_reference(settings, suite, identity.scorer_id)
         record.scorer_id = identity.scorer_id
-        run = Run(settings, suite, reference, record, spec, units_judge.load_judge_setup(settings), rejudge)
+        run = Run(settings, suite, reference, record, spec, judge_setup(settings), rejudge)
         run.record.enter("discover", force=True)
         recover = set_aside_corrupt(run)  # models that lost a partition: ingested again below
         try:

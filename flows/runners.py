@@ -179,3 +179,43 @@ def gpu_request() -> Iterator[None]:
 
     with dask.annotate(resources={GPU_RESOURCE: 1}):
         yield
+
+
+def on_prefect_server() -> bool:
+    """Whether this process reports to a Prefect server (not the embedded API: Prefect's
+    ephemeral one, or the warm server's, which counts as embedded)."""
+    from prefect.settings import get_current_settings
+
+    from flows.warm import embedded_api_url
+
+    url = get_current_settings().api.url
+    return bool(url) and url != embedded_api_url()
+
+
+def judge_limit_scope(settings):
+    """Who shares each judge endpoint's limits in this flow run (tasks/judges/limits.py, the
+    ``judge_limits`` setting, docs/JUDGES.md):
+
+    - on a Prefect server (``auto``) or ``prefect``: the server's global concurrency and rate
+      limits, which every worker of every flow run reaching it shares;
+    - else (the embedded API, whose slots a killed command would leak: it reclaims no lease) or
+      ``local``: lock files in this user's private runtime folder, shared by every process of this
+      machine (the thread runner's, a local Dask cluster's workers, other commands at once); a
+      killed process's locks go with it.
+    """
+    from tasks.judges.limits import LimitScope
+
+    mode = settings.judge_limits
+    if mode == "prefect" or (mode == "auto" and on_prefect_server()):
+        return LimitScope("prefect")
+    from flows.warm import WarmUnavailable, runtime_dir
+
+    try:
+        return LimitScope("files", str(runtime_dir()))
+    except WarmUnavailable as exc:
+        if _flow_uses_dask():
+            raise TaskRunnerConfigError(f"judge limits across the Dask workers need the private runtime folder: {exc}") from None
+        import logging
+
+        logging.getLogger("imagebench.judges").warning("judge limits held in this process only: %s", exc)
+        return LimitScope("process")

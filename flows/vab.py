@@ -55,6 +55,19 @@ def summary_markdown(sets: str, results: dict[str, dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def with_run_limits(settings, specs: list[JudgeSpec]) -> list[JudgeSpec]:
+    """The specs with who shares each VLM endpoint's limits in this run (every batch, thread and
+    process: flows.runners.judge_limit_scope), so a batch's own client is not its own limit."""
+    from dataclasses import replace
+
+    from flows.runners import judge_limit_scope
+
+    if not any(s.kind == "vlm" for s in specs):
+        return specs
+    scope = judge_limit_scope(settings)
+    return [replace(s, limits=scope) if s.kind == "vlm" else s for s in specs]
+
+
 @flow(name="vab-run", log_prints=True)
 def vab_run_flow(sets: str, judges: list[str], batch_size: int = DEFAULT_BATCH, use_cache: bool = True,
                  n_resamples: int = 2000, prompt_version: str | None = None, temperature: float | None = None) -> dict:
@@ -69,6 +82,7 @@ def vab_run_flow(sets: str, judges: list[str], batch_size: int = DEFAULT_BATCH, 
     logger = get_run_logger()
     settings = load_settings()
     specs = resolve_judges(settings, judges, prompt_version or VAB_PROMPT_VERSION, temperature)
+    specs = with_run_limits(settings, specs)
     tasks = load_sets(settings, sets)
     scheme = trial_scheme(settings, sets)
     paths = [image_paths(settings, t) for t in tasks]

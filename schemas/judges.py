@@ -75,7 +75,11 @@ class Endpoint(BaseModel):
     model: str  # model name sent to / expected from the server, HF id or dir, or "tesseract"
     base_url: str | None = None  # openai: e.g. http://127.0.0.1:8000/v1
     api_key_env: str | None = None  # name of the env var holding the key (never the key itself)
-    concurrency: int = Field(default=8, ge=1, le=512)
+    concurrency: int = Field(default=8, ge=1, le=512)  # requests in flight, across the whole run
+    # The endpoint's rate limits (a paid API's), across the whole run: at most this many requests
+    # per minute (spaced 60/N s apart) and tokens per minute (usage: prompt + completion).
+    requests_per_minute: float | None = Field(default=None, gt=0)
+    tokens_per_minute: int | None = Field(default=None, ge=1)
     timeout_s: float = Field(default=60.0, gt=0)
     max_retries: int = Field(default=4, ge=0, le=20)  # on 429/5xx/timeouts, with backoff
     max_image_side: int = Field(default=2048, ge=64)  # larger images are refused with a clear error

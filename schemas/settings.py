@@ -148,6 +148,11 @@ class Settings(RunnerSettings):
     routing_version: str = "v1"
     judges_config: Path | None = None
     judge_task_size: int = Field(default=64, ge=1, description="images per Prefect judge task")
+    # Who shares each judge endpoint's limits (concurrency, requests and tokens per minute) in a
+    # flow run (docs/JUDGES.md): "auto" = the Prefect server's global limits when the run reports
+    # to a server, else lock files of this machine; "local" = this machine's lock files (every
+    # judge request of the deployment is sent from here); "prefect" = the server's limits.
+    judge_limits: Literal["auto", "local", "prefect"] = "auto"
     bootstrap_resamples: int = Field(default=2000, ge=100)
 
     # Operations. The port of the local Prefect server `make serve` starts.

@@ -9,6 +9,12 @@ of a 200, as some real APIs and proxies do). ``GET /v1/models``
 lists the server's model. The server records every request (time, headers, JSON body) and the
 largest number of requests in flight at once.
 
+``limits=ServerLimits(...)`` makes it a paid API's endpoint: a request beyond ``max_in_flight``
+requests in flight, beyond ``requests_per_minute`` (a token bucket of ``burst`` requests refilled
+at N/60 per second, as providers enforce a per-minute limit over shorter periods) or beyond
+``tokens_per_minute`` (the reply's usage, charged on arrival) is answered 429 with a
+``Retry-After`` and counted in ``refused`` (the request is marked ``refused``).
+
     with FakeOpenAI(model="fake-vlm", responder=lambda r: Reply(text="ok\\nVERDICT: PASS")) as srv:
         srv.base_url  # http://127.0.0.1:PORT/v1
 """
@@ -16,6 +22,7 @@ largest number of requests in flight at once.
 from __future__ import annotations
 
 import json
+import math
 import re
 import threading
 import time
@@ -47,6 +54,7 @@ class RecordedRequest:
     path: str
     headers: dict[str, str]
     body: Any  # parsed JSON (or None)
+    refused: str | None = None  # why the server's limits answered it 429 (ServerLimits)
 
     @property
     def user_text(self) -> str:
@@ -75,6 +83,31 @@ class RecordedRequest:
         return None
 
 
+@dataclass(frozen=True)
+class ServerLimits:
+    """What the server allows before it answers 429 (``None``: no such limit)."""
+
+    max_in_flight: int | None = None
+    requests_per_minute: float | None = None
+    burst: int = 2  # requests the per-minute bucket holds (the tolerance for arrival jitter)
+    tokens_per_minute: int | None = None
+
+
+class _Bucket:
+    """capacity, refilled at per_second; take(cost) -> None, or the seconds until it holds cost."""
+
+    def __init__(self, capacity: float, per_second: float) -> None:
+        self.capacity, self.per_second, self.level, self.at = capacity, per_second, capacity, time.monotonic()
+
+    def take(self, cost: float, now: float) -> float | None:
+        self.level = min(self.capacity, self.level + (now - self.at) * self.per_second)
+        self.at = now
+        if self.level + 1e-9 >= cost:
+            self.level -= cost
+            return None
+        return (cost - self.level) / self.per_second
+
+
 class FakeOpenAI:
     def __init__(
         self,
@@ -82,8 +115,15 @@ class FakeOpenAI:
         responder: Callable[[RecordedRequest], Reply] | None = None,
         api_key: str | None = None,
         echo_headers_on_auth_failure: bool = False,
+        limits: ServerLimits | None = None,
     ) -> None:
         self.model = model
+        self.limits = limits
+        self.refused = 0
+        self._requests_bucket = (_Bucket(limits.burst, limits.requests_per_minute / 60.0)
+                                 if limits and limits.requests_per_minute else None)
+        self._tokens_bucket = (_Bucket(limits.tokens_per_minute, limits.tokens_per_minute / 60.0)
+                               if limits and limits.tokens_per_minute else None)
         self.responder = responder or (lambda req: Reply())
         self.api_key = api_key
         # With api_key set: the 401 body quotes the request's headers (the key that was refused).
@@ -161,6 +201,12 @@ class FakeOpenAI:
                         self._refuse()
                         return
                     reply = fake.responder(rec)
+                    over = fake._over_limits(rec, reply)
+                    if over is not None:
+                        why, retry_after = over
+                        body = json.dumps({"error": {"message": f"rate limited: {why}", "type": "rate_limit"}}).encode()
+                        self._send(429, body, {"Retry-After": str(retry_after)})
+                        return
                     if reply.hang_s is not None:
                         fake._closing.wait(reply.hang_s)
                         self.close_connection = True
@@ -233,6 +279,32 @@ class FakeOpenAI:
             self.in_flight += 1
             self.max_in_flight = max(self.max_in_flight, self.in_flight)
         return rec
+
+    def _over_limits(self, rec: RecordedRequest, reply: Reply) -> tuple[str, int] | None:
+        """(why, Retry-After seconds) when this request is beyond the server's limits."""
+        if self.limits is None:
+            return None
+        with self._lock:
+            now = time.monotonic()
+            why, wait = None, None
+            if self.limits.max_in_flight is not None and self.in_flight > self.limits.max_in_flight:
+                why, wait = f"{self.in_flight} requests in flight, {self.limits.max_in_flight} allowed", 1.0
+            elif self._requests_bucket is not None and (w := self._requests_bucket.take(1, now)) is not None:
+                why, wait = f"over {self.limits.requests_per_minute:g} requests per minute", w
+            elif self._tokens_bucket is not None:
+                cost = sum((reply.usage or {}).values())
+                if (w := self._tokens_bucket.take(cost, now)) is not None:
+                    why, wait = f"over {self.limits.tokens_per_minute} tokens per minute", w
+            if why is None:
+                return None
+            rec.refused = why
+            self.refused += 1
+            return why, max(1, math.ceil(wait))
+
+    @property
+    def accepted(self) -> list[RecordedRequest]:
+        """Chat completions the limits let through, in arrival order."""
+        return [r for r in self.completions if r.refused is None]
 
     def _done(self, rec: RecordedRequest) -> None:
         with self._lock:

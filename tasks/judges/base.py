@@ -226,6 +226,11 @@ class Judge(abc.ABC):
         """Why this judge cannot run at all in this process (None: it can)."""
         return None
 
+    def bind_limits(self, scope: Any) -> None:
+        """Share the endpoint's limits as ``scope`` (a tasks.judges.limits.LimitScope) says; a
+        backend without a remote endpoint has nothing to share."""
+        return None
+
     # work ------------------------------------------------------------------------------------
     @abc.abstractmethod
     async def ask(self, request: JudgeRequest) -> JudgeAnswer:

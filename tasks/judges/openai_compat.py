@@ -2,11 +2,14 @@
 OpenRouter, OpenAI) over HTTP with httpx.
 
 One :meth:`OpenAIJudge.ask` = one HTTP request: the image inline as a base64 data URL, temperature
-0, a fixed seed, ``max_tokens`` from the endpoint. Concurrency per endpoint is bounded by a
-semaphore of ``endpoint.concurrency`` (the connection pool has the same size); the whole request
-(connect + send + read) must finish within ``endpoint.timeout_s``. Retries and backoff are the
-router's (``router.RetryPolicy``): this module classifies failures into typed errors and reads
-``Retry-After``.
+0, a fixed seed, ``max_tokens`` from the endpoint. The endpoint's limits (``concurrency``,
+``requests_per_minute``, ``tokens_per_minute``) hold across the whole run: every request takes a
+slot of the endpoint's process-wide limiter (``tasks/judges/limits.py``, shared further as the
+run's :class:`~tasks.judges.limits.LimitScope` says) and waits for its rates just before it is
+sent; a 429 or 503 with ``Retry-After`` pauses the endpoint for every caller. The whole request
+(connect + send + read) must finish within ``endpoint.timeout_s`` (the wait for a rate is not
+part of it). Retries and backoff are the router's (``router.RetryPolicy``): this module classifies
+failures into typed errors and reads ``Retry-After``.
 
 The API key is read from the environment variable named by ``api_key_env`` when the judge is
 built, sent only in the ``Authorization`` header, registered for redaction, and never put in a
@@ -42,6 +45,7 @@ from .base import (
     read_image,
 )
 from .base import register_secret as _register_router_secret
+from .limits import EndpointLimiter, LimitScope, limiter_for
 from tasks.store.redact import install_log_redaction, redact, register_secret
 
 RETRYABLE_STATUS = frozenset({408, 409, 425, 429}) | frozenset(range(500, 600))
@@ -136,7 +140,8 @@ class OpenAIJudge(Judge):
                 )
         self._seed = seed
         self._client: httpx.AsyncClient | None = None
-        self._sem: asyncio.Semaphore | None = None
+        self._limit_scope: LimitScope | None = None
+        self._limiter: EndpointLimiter | None = None
 
     @property
     def endpoint_label(self) -> str:
@@ -162,8 +167,45 @@ class OpenAIJudge(Judge):
                 # never to a server on this machine.
                 trust_env=not _is_loopback(self.base_url),
             )
-            self._sem = asyncio.Semaphore(n)
         return self._client
+
+    # --- the endpoint's limits (transport) -------------------------------------------------------
+    def bind_limits(self, scope: LimitScope | None) -> None:
+        """Share the endpoint's limits as ``scope`` says (default: this process)."""
+        self._limit_scope = scope
+        self._limiter = None
+
+    @property
+    def limiter(self) -> EndpointLimiter:
+        if self._limiter is None:
+            self._limiter = limiter_for(self.name, self.endpoint, self._limit_scope, self.endpoint_label)
+        return self._limiter
+
+    def slot(self):
+        """``async with judge.slot():`` one of the endpoint's in-flight slots, for every caller of
+        the endpoint in the run (read the image and send inside it)."""
+        return self.limiter.slot()
+
+    def _token_charge(self, payload: dict[str, Any]) -> int:
+        asked = payload.get("max_completion_tokens") or payload.get("max_tokens") or self.endpoint.max_tokens
+        return self.limiter.estimate_tokens(int(asked))
+
+    def _after_response(self, resp: httpx.Response, charged: int) -> None:
+        """What the answer tells the limiter: a 429/503 Retry-After pauses the endpoint; the
+        usage settles the tokens charged."""
+        if resp.status_code in (429, 503):
+            retry_after = parse_retry_after(resp.headers.get("retry-after"))
+            if retry_after:
+                self.limiter.pause(retry_after)
+            return
+        if resp.status_code != 200 or not self.endpoint.tokens_per_minute:
+            return
+        try:
+            usage = resp.json().get("usage")
+        except (ValueError, AttributeError):
+            return
+        if isinstance(usage, dict):
+            self.limiter.settle(charged, _int_or_none(usage.get("prompt_tokens")), _int_or_none(usage.get("completion_tokens")))
 
     def build_payload(self, request: JudgeRequest, data_url: str) -> dict[str, Any]:
         payload: dict[str, Any] = {
@@ -186,10 +228,11 @@ class OpenAIJudge(Judge):
         return payload
 
     async def _send(self, path: str, payload: dict[str, Any]) -> tuple[httpx.Response, float]:
-        """POST within the endpoint's total deadline (the caller holds a concurrency slot);
-        transport failures become typed errors carrying the time spent."""
+        """POST within the endpoint's total deadline (the caller holds a slot: :meth:`slot`), once
+        the endpoint's rates allow; transport failures become typed errors carrying the time spent."""
         client = self._ensure_client()
         timeout = self.endpoint.timeout_s
+        charged = await self.limiter.before_send(self._token_charge(payload))
         t0 = time.perf_counter()
         try:
             resp = await asyncio.wait_for(
@@ -212,7 +255,9 @@ class OpenAIJudge(Judge):
                 ),
                 t0,
             ) from None
-        return resp, time.perf_counter() - t0
+        latency = time.perf_counter() - t0
+        self._after_response(resp, charged)
+        return resp, latency
 
     def _check_status(self, resp: httpx.Response) -> None:
         status = resp.status_code
@@ -274,8 +319,7 @@ class OpenAIJudge(Judge):
         if self._key_problem:
             raise JudgeUnavailable(self._key_problem, retryable=False, judge_down=True)
         self._ensure_client()
-        assert self._sem is not None
-        async with self._sem:  # the image is read inside the slot: at most `concurrency` payloads in memory
+        async with self.slot():  # the image is read inside the slot: at most `concurrency` payloads in memory
             image = await asyncio.to_thread(
                 read_image, request.image_path, request.image_sha256, self.name, self.endpoint.max_image_side
             )
@@ -346,8 +390,7 @@ class OpenAIJudge(Judge):
             "temperature": 0,
         }
         try:
-            assert self._sem is not None
-            async with self._sem:
+            async with self.slot():
                 resp, latency = await self._send("/chat/completions", payload)
             out["latency_s"] = latency
             self._check_status(resp)

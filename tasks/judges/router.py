@@ -24,8 +24,10 @@ Per item:
 A judge found absent or misconfigured (connection refused, HTTP 401/403/404, missing API key,
 answering for another model) is taken out of the run: later items go straight to the fallback.
 
-All requests run concurrently on one event loop (one httpx client per endpoint, each bounded by
-``endpoint.concurrency``); the function is synchronous for its caller (a Prefect task).
+All requests run concurrently on one event loop (one httpx client per endpoint); each endpoint's
+limits (``concurrency``, requests and tokens per minute) are its process-wide limiter's
+(``tasks/judges/limits.py``), shared with every other task of the run as ``limits`` (a
+``LimitScope``) says. The function is synchronous for its caller (a Prefect task).
 """
 
 from __future__ import annotations
@@ -58,6 +60,7 @@ from .base import (
     redact,
 )
 from .config import check_routing_against, routing_judges
+from .limits import LimitScope
 from .protocol import (
     ERROR,
     FAIL,
@@ -468,9 +471,11 @@ class _Runner:
 
 
 def _build_judges(
-    routing: Routing, judges_config: JudgesConfig | None, injected: Mapping[str, Judge] | None
+    routing: Routing, judges_config: JudgesConfig | None, injected: Mapping[str, Judge] | None,
+    limits: LimitScope | None = None,
 ) -> tuple[dict[str, Judge], dict[str, str], dict[str, str]]:
-    """(judges usable in this run, judges down from the start, not-configured reasons)."""
+    """(judges usable in this run, judges down from the start, not-configured reasons). Judges
+    built here share their endpoint's limits as ``limits`` says."""
     configured = dict(judges_config.judges) if judges_config else {}
     judges: dict[str, Judge] = {}
     down: dict[str, str] = {}
@@ -480,6 +485,7 @@ def _build_judges(
             judge = injected[name]
         elif name in configured:
             judge = create_judge(name, configured[name])
+            judge.bind_limits(limits)
         elif name in BUILTIN_JUDGES:
             judge = create_judge(name, builtin_endpoint(name))
             reason = judge.unavailable_reason()
@@ -512,6 +518,7 @@ async def ajudge_items(
     judges: Mapping[str, Judge] | None = None,
     max_active_items: int | None = None,
     progress: Callable[[int], None] | None = None,
+    limits: LimitScope | None = None,
 ) -> JudgeRun:
     """The async form of :func:`judge_items` (for callers that already run an event loop)."""
     check_routing_against(routing, judges_config)
@@ -524,7 +531,7 @@ async def ajudge_items(
         if key in seen:
             raise ValueError(f"judge item {it.model_id}/{it.prompt_id} given twice")
         seen.add(key)
-    usable, down, absent = _build_judges(routing, judges_config, judges)
+    usable, down, absent = _build_judges(routing, judges_config, judges, limits)
     for name, reason in down.items():
         log.warning("judge %s is unavailable: %s", name, reason)
     runner = _Runner(routing, usable, down, retry or RetryPolicy(), known_identities, rejudge, absent)
@@ -567,6 +574,7 @@ def judge_items(
     judges: Mapping[str, Judge] | None = None,
     max_active_items: int | None = None,
     progress: Callable[[int], None] | None = None,
+    limits: LimitScope | None = None,
 ) -> JudgeRun:
     """Judge ``items`` (``JudgeItem`` or mappings with its fields) as ``routing`` says, with the
     endpoints of ``judges_config``. Returns ``JudgeRun`` (unpacks as ``calls, verdicts``).
@@ -575,6 +583,8 @@ def judge_items(
     items whose identity is among them are not requested again unless ``rejudge``.
     ``judges``: ready judge instances by name (override the config; for tests and reuse).
     ``progress(n)``: called as items finish (decided, skipped or not judged), from the loop's thread.
+    ``limits``: who shares the endpoints' limits (``tasks.judges.limits.LimitScope``; default:
+    this process).
     Runs its own event loop (in a helper thread when the caller's thread already runs one)."""
 
     def run() -> JudgeRun:
@@ -589,6 +599,7 @@ def judge_items(
                 judges=judges,
                 max_active_items=max_active_items,
                 progress=progress,
+                limits=limits,
             )
         )
 

@@ -23,6 +23,9 @@ class JudgeSetup:
 
     routing: object  # schemas.judges.Routing
     judges_config: object  # schemas.judges.JudgesConfig
+    # tasks.judges.limits.LimitScope: who shares each endpoint's limits (the flow decides: this
+    # machine's lock files, or the Prefect server's global limits); None = this process
+    limits: object = None
 
     @property
     def key(self) -> str:
@@ -92,7 +95,7 @@ def judge_batch(settings: Settings, setup: JudgeSetup, items: list, known: froze
         return base
     run = judge_items(
         items, setup.routing, setup.judges_config, known_identities=known, rejudge=rejudge,
-        progress=lambda n: progress.advance(f"judge {items[0].model_id}", 0, n),
+        progress=lambda n: progress.advance(f"judge {items[0].model_id}", 0, n), limits=setup.limits,
     )
     if run.calls.num_rows == 0 and run.verdicts.num_rows == 0:
         return None

@@ -129,7 +129,7 @@ class VlmSetJudge:
     kind = "vlm"
 
     def __init__(self, name: str, endpoint: Any, *, unparsable_retries: int | None = None, max_attempts: int | None = None,
-                 prompt_version: str = VAB_PROMPT_VERSION, temperature: float | None = None) -> None:
+                 prompt_version: str = VAB_PROMPT_VERSION, temperature: float | None = None, limits: Any = None) -> None:
         from tasks.judges.registry import create_judge
 
         if endpoint.backend not in ("openai", "transformers"):
@@ -139,6 +139,7 @@ class VlmSetJudge:
         self.name = name
         self.endpoint = endpoint
         self.backend = create_judge(name, endpoint)
+        self.backend.bind_limits(limits)  # the endpoint's limits hold across batches (tasks/judges/limits.py)
         self.prompt_version = prompt_version
         official = prompt_version == OFFICIAL_PROMPT_VERSION
         # ours is greedy; the official prompt is sampled at eval.py's temperature unless told otherwise
@@ -172,7 +173,7 @@ class VlmSetJudge:
         if reason:
             raise JudgeUnavailable(reason, retryable=False, judge_down=True)
         j._ensure_client()
-        async with j._sem:  # the backend's concurrency slot: images are read inside it
+        async with j.slot():  # the endpoint's in-flight slot, for the whole run: images are read inside it
             if self._down is not None:  # went down while this trial waited for the slot
                 raise JudgeUnavailable(self._down, retryable=False)
             content: list[dict[str, Any]] = []

@@ -5,7 +5,8 @@ Judges are named on the command line: ``sharpness`` (the focus measure), ``hpsv3
 scorer as configured in the settings), or any judge of the endpoints config
 (``IMAGEBENCH_JUDGES_CONFIG``: an OpenAI-compatible or local transformers VLM). A judge is built
 afresh inside each batch from its :class:`JudgeSpec` (plain data): batches run in parallel threads,
-each with its own event loop and HTTP client.
+each with its own event loop and HTTP client; the endpoint's limits are not the batch's but the
+run's (the spec's ``limits`` scope: tasks/judges/limits.py).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ class JudgeSpec:
     hpsv3: tuple[str, str, bool] | None = None  # base model, checkpoint, uncalibrated
     prompt_version: str = VAB_PROMPT_VERSION  # a VLM's (tasks.vab.prompts); scalar judges answer the combined question
     temperature: float | None = None  # None: the prompt version's default
+    limits: Any = None  # tasks.judges.limits.LimitScope: who shares the endpoint's limits (None: this process)
 
     @property
     def official(self) -> bool:
@@ -44,7 +46,8 @@ class JudgeSpec:
 
     def build(self) -> SetJudge:
         if self.kind == "vlm":
-            return VlmSetJudge(self.name, self.endpoint, prompt_version=self.prompt_version, temperature=self.temperature)
+            return VlmSetJudge(self.name, self.endpoint, prompt_version=self.prompt_version, temperature=self.temperature,
+                               limits=self.limits)
         if self.name == "sharpness":
             return ScalarSetJudge(SharpnessScorer())
         if self.name == "hpsv3" and self.hpsv3 is not None:

@@ -1,0 +1,155 @@
+"""An endpoint's limits on a Prefect server: Prefect's global concurrency and rate limits, shared
+by every worker and flow run that reaches the server (the ``prefect`` scope of
+``tasks/judges/limits.py``).
+
+- ``<base>-concurrency`` (limit = the endpoint's ``concurrency``): a request in flight holds one
+  of its slots. A slot is taken with ``prefect.concurrency.sync.concurrency`` (a lease of
+  :data:`LEASE_S`, renewed while held: a killed worker's slot returns when it expires) by a
+  holder thread of this process, and **handed from one request of the process to the next**
+  while requests wait for one; a slot no request claims for :data:`LINGER_S` is given back.
+  Taking a slot costs a few calls to the API (measured: ~0.16 s on a SQLite server, and one at a
+  time per process): taken per request, it would cap a process at a few requests per second.
+- ``<base>-rpm`` (limit :data:`RPM_SLOTS`, slot decay N/60 per second) and ``<base>-tpm``
+  (limit T, decay T/60): ``prefect.concurrency.asyncio.rate_limit`` once per request (``occupy``
+  = the tokens charged), after the process's own buckets spaced its requests.
+
+The limits are created, or set to this endpoint's config, before the process's first request
+(:func:`ensure_limits`); with several configs for one endpoint name and URL, the last one wins.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import concurrent.futures
+import contextvars
+import threading
+import time
+
+LEASE_S = 60.0  # the shortest lease Prefect grants
+LINGER_S = 0.25  # an idle held slot waits this long for another request of the process, then goes back
+RPM_SLOTS = 2  # requests the rate limit lets through at once: one request of slack for a decay
+#               that Prefect counts in whole slots since the limit's last update
+
+
+def ensure_limits(wanted: list[tuple[str, int, float | None]]) -> None:
+    """Create each (name, limit, slot decay per second) global limit, or update it to these values."""
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as client:
+        for name, limit, decay in wanted:
+            try:
+                client.upsert_global_concurrency_limit_by_name(name, limit, slot_decay_per_second=decay)
+            except Exception:  # noqa: BLE001 - another process created it between the read and the create
+                client.upsert_global_concurrency_limit_by_name(name, limit, slot_decay_per_second=decay)
+
+
+async def take_rates(rpm_name: str | None, tpm_name: str | None, tokens: int) -> None:
+    """One request's turn in the server's requests- and tokens-per-minute limits."""
+    from prefect.concurrency.asyncio import rate_limit
+
+    if rpm_name:
+        await rate_limit(rpm_name, occupy=1, strict=True)
+    if tpm_name:
+        await rate_limit(tpm_name, occupy=max(1, tokens), strict=True)
+
+
+class _Held:
+    """One slot of the global limit, held by a thread of its own (sync ``concurrency``) until
+    :meth:`give_up`; its lease is renewed by Prefect meanwhile."""
+
+    def __init__(self, name: str) -> None:
+        self.granted: concurrent.futures.Future = concurrent.futures.Future()
+        self.idle_since: float | None = None
+        self.wake = threading.Event()
+        self.leave = False
+        self._name = name
+        thread = threading.Thread(target=contextvars.copy_context().run, args=(self._hold,), daemon=True,
+                                  name=f"prefect-slot-{name}")
+        thread.start()
+        self.thread = thread
+
+    def _hold(self) -> None:
+        from prefect.concurrency.sync import concurrency
+
+        try:
+            with concurrency(self._name, occupy=1, strict=True, lease_duration=LEASE_S,
+                             raise_on_lease_renewal_failure=False):
+                try:
+                    self.granted.set_result(self)
+                except concurrent.futures.InvalidStateError:
+                    return  # the request that asked was cancelled: give the slot straight back
+                while not self.leave:
+                    self.wake.wait()
+                    self.wake.clear()
+        except BaseException as exc:  # noqa: BLE001 - the asking request gets the error
+            if not self.granted.done():
+                self.granted.set_exception(exc)
+
+    def give_up(self) -> None:
+        self.leave = True
+        self.wake.set()
+
+
+class PrefectSlots:
+    """The global concurrency slots this process holds for one endpoint."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self._lock = threading.Lock()
+        self._idle: list[_Held] = []
+        self._all: set[_Held] = set()
+        _KEEPERS.add(self)
+
+    async def claim(self) -> _Held:
+        with self._lock:
+            while self._idle:
+                held = self._idle.pop()
+                if not held.leave:
+                    held.idle_since = None
+                    return held
+        held = _Held(self.name)
+        with self._lock:
+            self._all.add(held)
+        try:
+            return await asyncio.wrap_future(held.granted)
+        except BaseException:
+            with self._lock:
+                self._all.discard(held)
+            raise
+
+    def give_back(self, held: _Held) -> None:
+        """The request is done: the slot waits LINGER_S for the next request of the process."""
+        with self._lock:
+            held.idle_since = time.monotonic()
+            self._idle.append(held)
+        timer = threading.Timer(LINGER_S, self._expire, args=(held, held.idle_since))
+        timer.daemon = True
+        timer.start()
+
+    def _expire(self, held: _Held, since: float) -> None:
+        with self._lock:
+            if held.idle_since != since or held not in self._idle:
+                return  # claimed again meanwhile
+            self._idle.remove(held)
+            self._all.discard(held)
+        held.give_up()
+
+    def close(self, wait_s: float = 5.0) -> None:
+        """Give every held slot back (at exit: a slot left to its lease would block others for a minute)."""
+        with self._lock:
+            held, self._idle, self._all = list(self._all), [], set()
+        for h in held:
+            h.give_up()
+        deadline = time.monotonic() + wait_s
+        for h in held:
+            h.thread.join(max(0.0, deadline - time.monotonic()))
+
+
+_KEEPERS: "set[PrefectSlots]" = set()
+
+
+@atexit.register
+def _give_everything_back() -> None:
+    for keeper in list(_KEEPERS):
+        keeper.close()
