@@ -13,9 +13,12 @@ export GX_ANALYTICS_ENABLED := false
 # Debian packages the pipeline and its tests use: Tesseract (the offline OCR judge), Chromium
 # with its driver (the report's browser tests) and PostgreSQL (the panel store's tests start a
 # throwaway cluster: initdb/pg_ctl live in /usr/lib/postgresql/<major>/bin, not on PATH) and
-# LibreOffice Calc without its GUI (the exports' tests open every CSV in a real spreadsheet).
+# LibreOffice Calc without its GUI (the exports' tests open every CSV in a real spreadsheet), nginx
+# and openssl (the panel's reverse-proxy test runs docs/BEAUTY.md's nginx set-up with a self-signed
+# certificate; nginx lives in /usr/sbin, off a user's PATH; where systemd runs, Debian starts its
+# default site on port 80: the tests start their own nginx and do not need it).
 # Installed when missing and we are root.
-SYSTEM_PACKAGES := tesseract-ocr chromium chromium-driver postgresql libreoffice-calc-nogui
+SYSTEM_PACKAGES := tesseract-ocr chromium chromium-driver postgresql libreoffice-calc-nogui nginx openssl
 
 setup: system-deps $(STAMP)
 
@@ -25,6 +28,8 @@ system-deps:
 	command -v chromium >/dev/null || missing="$$missing chromium"; \
 	command -v chromedriver >/dev/null || missing="$$missing chromium-driver"; \
 	ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || missing="$$missing postgresql"; \
+	{ command -v nginx || test -x /usr/sbin/nginx; } >/dev/null || missing="$$missing nginx"; \
+	command -v openssl >/dev/null || missing="$$missing openssl"; \
 	command -v soffice >/dev/null || missing="$$missing libreoffice-calc-nogui"; \
 	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = 0 ]; then \
