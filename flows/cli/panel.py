@@ -1,7 +1,9 @@
 """`imagebench panel serve`: the judging web app of one open study (tasks/panel/app.py).
 
-Loopback by default: put it behind your HTTPS reverse proxy to reach judges elsewhere. uvicorn's
-access log is off; the app's own request log redacts the link tokens.
+Loopback by default: put it behind your HTTPS reverse proxy to reach judges elsewhere (a tested
+nginx set-up: docs/BEAUTY.md, "Limits and the reverse proxy"). uvicorn's access log is off; the
+app's own request log redacts the link tokens. The server's body, header and connection limits
+are tasks/panel/limits.py's, set up by ``make_server``.
 """
 
 from __future__ import annotations
