@@ -315,3 +315,44 @@ def test_release_reads_only_its_own_bytes_and_files(settings, src, tmp_path):
     assert not any(p.read_bytes() == secret for p in cached)  # the private image never reached the workspace
     inside = (release / "images" / "inside.png").read_bytes()
     assert [p.read_bytes() for t in load_sets(settings, "leaky") for p in image_paths(settings, t)][1::2] == [inside, inside]
+
+
+def test_a_colleagues_release_cannot_fetch_my_private_image(settings, src, other_user, reachable_tmp):
+    """The shared-server form of the attack (issue 24 item 8): a second local account puts a
+    release in a shared folder, with a symlink to a private image of mine that it cannot read
+    itself; the release's image struct names the link and carries no bytes. Importing the release
+    must not copy my image into my workspace (from where a report would publish it)."""
+    import os
+
+    import pyarrow as pa
+
+    from tasks.vab.sets import import_any
+    from tests.otheruser import umask
+
+    victim = reachable_tmp / "victim"
+    with umask(0o022):
+        _png(victim / "private" / "secret.png", (3, 141, 59))
+    (victim / "private").chmod(0o700)
+    (victim / "private" / "secret.png").chmod(0o600)
+    assert not other_user.can_read(victim / "private" / "secret.png")
+    release = reachable_tmp / "shared-release"
+    (release / "data").mkdir(parents=True)
+    b = {i: (src / f"img{i}.png").read_bytes() for i in range(1, 3)}
+    img = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
+    table = pa.table({"task_id": ["t1"], "domain": ["photograph"], "substyle": [None], "n_images": [3],
+                      "images": pa.array([[{"bytes": b[1], "path": "a.png"}, {"bytes": b[2], "path": "b.png"},
+                                           {"bytes": None, "path": "cover.png"}]], pa.list_(img)),
+                      "labels": [["A", "B", "C"]], "ground_truth_best": ["A"], "ground_truth_worst": ["B"]})
+    pq.write_table(table, release / "data" / "test-00000-of-00001.parquet")
+    for p in (release, release / "data", *(release / "data").iterdir()):
+        os.chown(p, other_user.uid, other_user.gid)
+    planted = other_user.run("import os, sys\nos.symlink(sys.argv[1], sys.argv[2])\n",
+                             str(victim / "private" / "secret.png"), str(release / "data" / "cover.png"))
+    assert planted.returncode == 0, planted.stderr
+    assert (release / "data" / "cover.png").lstat().st_uid == other_user.uid
+
+    with pytest.raises(BadSets) as info:
+        import_any(settings, release, "shared")
+    assert list(info.value.problems) == ["'t1'"] and "'cover.png' is outside the release folder" in info.value.problems["'t1'"]
+    secret = (victim / "private" / "secret.png").read_bytes()
+    assert not [p for p in settings.home.rglob("*") if p.is_file() and p.read_bytes() == secret]
