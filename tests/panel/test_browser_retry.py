@@ -2,7 +2,8 @@
 itself, and lands exactly once (issue 26 item 1): headless Chromium through the real page and its
 script. Twice a 503 and once a reset connection from a fault proxy in front of the app
 (tests/faultproxy.py), then a real 503 of the app itself while a second process holds the SQLite
-store's write lock past the busy timeout."""
+store's write lock past the busy timeout. A refusal for good (a closed study) shows its page and
+is not sent again."""
 
 from __future__ import annotations
 
@@ -86,3 +87,12 @@ def test_the_page_keeps_an_answer_the_server_did_not_take_and_sends_it_once(pane
         WebDriverWait(drv, WAIT_S, poll_frequency=0.1).until(lambda d: _position(d) == 2)
         got = _answers(opened, "r1")
         assert [(r["position"], r["answer"]) for r in sorted(got, key=lambda r: r["position"])] == [(0, True), (1, False)]
+
+        # 3. A refusal for good is not sent again: the study closes, the next answer shows why.
+        from tasks.beauty.study import close_study
+
+        assert close_study(panel_settings, "retry") is True
+        drv.find_element(By.ID, "yes").click()
+        WebDriverWait(drv, WAIT_S, poll_frequency=0.1).until(lambda d: "closed" in d.find_element(By.TAG_NAME, "body").text)
+        assert drv.find_element(By.ID, "message").text.startswith("study retry is closed")
+        assert len(_answers(opened, "r1")) == 2 and sum("POST /answer 409" in line for line in served.log.lines) == 1
