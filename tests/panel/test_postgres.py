@@ -147,9 +147,10 @@ def _current(c: httpx.Client) -> tuple[int, str] | None:
     again, as a judge would."""
     import re
 
+    deadline = time.monotonic() + 900
     for tries in itertools.count():
         r = c.get("/judge")
-        if r.status_code not in RETRIED:
+        if r.status_code not in RETRIED or time.monotonic() > deadline:
             break
         time.sleep(min(2**tries, 8))
     assert r.status_code == 200, (r.status_code, r.text[:300])
@@ -167,6 +168,7 @@ def _post_as_the_page(c: httpx.Client, body: dict) -> int:
     """POST an answer as the judge's page does: the same form again after 1, 2, 4, then every 8 s
     while the server is busy (503), a proxy has no server (502, 504) or the connection fails; the
     final status. The store keys an answer by judge and position: a resent answer is recorded once."""
+    deadline = time.monotonic() + 900  # bounded: a store that stays busy this long fails the test
     for tries in itertools.count():
         try:
             status = c.post("/answer", data=body).status_code
@@ -174,6 +176,7 @@ def _post_as_the_page(c: httpx.Client, body: dict) -> int:
             status = None
         if status not in RETRIED and status is not None:
             return status
+        assert time.monotonic() < deadline, f"the answer was not taken in 900 s (last: {status})"
         time.sleep(min(2**tries, 8))
     raise AssertionError("unreachable")
 
