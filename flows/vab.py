@@ -70,13 +70,17 @@ def with_run_limits(settings, specs: list[JudgeSpec]) -> list[JudgeSpec]:
 
 @flow(name="vab-run", log_prints=True)
 def vab_run_flow(sets: str, judges: list[str], batch_size: int = DEFAULT_BATCH, use_cache: bool = True,
-                 n_resamples: int = 2000, prompt_version: str | None = None, temperature: float | None = None) -> dict:
+                 n_resamples: int = 2000, prompt_version: str | None = None, temperature: float | None = None,
+                 prompt_types: list[str] | None = None) -> dict:
     """Run ``judges`` on every task of set collection ``sets`` (3 trials each, in the collection's
-    trial scheme; VLMs with ``prompt_version``: ours, or the official three prompt types). Returns
-    per judge the metrics (tasks.vab.metrics.judge_metrics), cache hits and the file written."""
+    trial scheme; VLMs with ``prompt_version``: ours, or the official prompt types, all three or
+    ``prompt_types`` as eval.py's --prompt-type). Returns per judge (under the name its answers are
+    stored under: JudgeSpec.stored_name) the metrics (tasks.vab.metrics.judge_metrics), cache hits
+    and the file written."""
     from tasks.vab.metrics import judge_metrics
     from tasks.vab.prompts import VAB_PROMPT_VERSION
-    from tasks.vab.run import batches, derived_rows, resolve_judges, trial_items
+    from schemas.vab import PICK_BEST_AND_WORST
+    from tasks.vab.run import batches, check_prompt_types, derived_rows, resolve_judges, trial_items
     from tasks.vab.sets import image_paths, load_sets, trial_scheme
 
     logger = get_run_logger()
@@ -86,7 +90,8 @@ def vab_run_flow(sets: str, judges: list[str], batch_size: int = DEFAULT_BATCH, 
     tasks = load_sets(settings, sets)
     scheme = trial_scheme(settings, sets)
     paths = [image_paths(settings, t) for t in tasks]
-    items = {official: trial_items(tasks, paths, scheme, official) for official in {s.official for s in specs}}
+    items = {official: trial_items(tasks, paths, scheme, official, prompt_types if official else None)
+             for official in {s.official for s in specs}}
     cache_dir = str(Path(settings.home) / "cache" / "vab") if use_cache else None
     futures = {s.name: [judge_batch_task.submit(sets, s, b, cache_dir) for b in batches(items[s.official], s, batch_size)]
                for s in specs}
@@ -97,15 +102,16 @@ def vab_run_flow(sets: str, judges: list[str], batch_size: int = DEFAULT_BATCH, 
             r, h = fut.result()
             rows += r
             hits += h
-        if spec.official:
-            rows += derived_rows(rows, tasks)  # eval.py's pick_best_and_worst of 2-image tasks
-        path = validate_write_task(settings, sets, spec.name, rows)
-        m = judge_metrics(tasks, rows, spec.name, n_resamples=n_resamples)
+        if spec.official and PICK_BEST_AND_WORST in check_prompt_types(prompt_types, True):
+            rows += derived_rows(rows, tasks)  # eval.py's pick_best_and_worst of 2-image tasks (when it asks that type)
+        name = spec.stored_name
+        path = validate_write_task(settings, sets, name, rows)
+        m = judge_metrics(tasks, rows, name, n_resamples=n_resamples)
         m.update(cache_hits=hits, trials=len(rows), file=path)
         bad = [r for r in rows if r["state"] != "ok"]
         for r in bad[:10]:  # shown, never silently dropped (all of them are in vab_trials)
-            logger.warning("judge %s, task %s, trial %d: %s (%s)", spec.name, r["task_id"], r["trial"], r["state"], r["detail"])
-        results[spec.name] = m
+            logger.warning("judge %s, task %s, trial %d: %s (%s)", name, r["task_id"], r["trial"], r["state"], r["detail"])
+        results[name] = m
     try:
         create_markdown_artifact(markdown=summary_markdown(sets, results), key=f"vab-{sets}".lower().replace(".", "-").replace("_", "-"),
                                  description=f"VAB run on {sets}")

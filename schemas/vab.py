@@ -150,6 +150,9 @@ VAB_TRIALS = pa.schema(
         pa.field("state", pa.string(), nullable=False),  # "ok" | "unparsable" | "error" | "tie"
         pa.field("detail", pa.string()),
         pa.field("decided_at", TS, nullable=False),
+        # a VLM's full answer (the last one read), as eval.py keeps model_response; null for scorers,
+        # people, our imports of CSV answers and rows written before the column existed
+        pa.field("response", pa.string()),
     ]
 )
 

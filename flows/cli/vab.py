@@ -30,6 +30,15 @@ LEADERBOARD_JSON_COLUMNS = ("judge", "judge_kind", "trials_per_task", "strict_be
                             "missing_trials", "uncalibrated", "audit")
 
 
+class PromptType(str, Enum):
+    """eval.py's --prompt-type choices."""
+
+    all = "all"
+    pick_best = "pick_best"
+    pick_worst = "pick_worst"
+    pick_best_and_worst = "pick_best_and_worst"
+
+
 class Breakdown(str, Enum):
     judge = "judge"
     domain = "domain"
@@ -256,23 +265,27 @@ def vab_run(
     batch_size: Annotated[int, typer.Option(min=1, max=256, help="trials per parallel VLM batch")] = 8,
     no_cache: Annotated[bool, typer.Option("--no-cache", help="ask again even what is cached for this judge identity")] = False,
     prompt: Annotated[str, typer.Option("--prompt", help="VLM prompt version: vab-best-worst-v2 (ours, one combined question) or vab-official-v1 (eval.py's three prompt types)")] = "vab-best-worst-v2",
-    temperature: Annotated[Optional[float], typer.Option("--temperature", min=0.0, max=2.0, help="VLM sampling temperature (default: 0 for ours, 1.0 for vab-official-v1 as eval.py)")] = None,
+    temperature: Annotated[Optional[float], typer.Option("--temperature", min=0.0, max=2.0, help="VLM sampling temperature (default: 0 for ours, 1.0 for vab-official-v1 as eval.py); another one stores the answers as <judge>@t<T>, beside the default run")] = None,
+    prompt_type: Annotated[PromptType, typer.Option("--prompt-type", help="with vab-official-v1: the prompt type(s) asked, as eval.py's --prompt-type")] = PromptType.all,
 ) -> None:
     """Run judges on every task of a set collection, 3 trials each (flow `vab-run`), store their
     answers in vab_trials and print the leaderboard."""
     with user_errors():
-        from tasks.vab.run import resolve_judges
+        from tasks.vab.prompts import OFFICIAL_PROMPT_VERSION
+        from tasks.vab.run import check_prompt_types, resolve_judges
         from tasks.vab.sets import load_sets
 
         settings = cli_settings()
+        types = None if prompt_type is PromptType.all else [prompt_type.value]
         # bad names, missing weights and missing collections are named before Prefect starts
+        check_prompt_types(types, prompt == OFFICIAL_PROMPT_VERSION)
         resolve_judges(settings, judge, prompt, temperature)
         load_sets(settings, sets)
         prepare_prefect(settings)
         from flows.vab import vab_run_flow
 
         summary = vab_run_flow(sets, list(judge), batch_size=batch_size, use_cache=not no_cache, prompt_version=prompt,
-                               temperature=temperature)
+                               temperature=temperature, prompt_types=types)
         from tasks.vab.present import UNCALIBRATED_NOTE
 
         for name, m in summary["judges"].items():
@@ -352,6 +365,9 @@ judges_app = typer.Typer(help="The judges of a set collection.", no_args_is_help
 vab_app.add_typer(judges_app, name="judges")
 
 
+T0_SUFFIX = "@t0"  # a judge's run at temperature 0 (tasks.vab.run.JudgeSpec.stored_name)
+
+
 class SummaryFormat(str, Enum):
     table = "table"
     json = "json"
@@ -385,6 +401,7 @@ def vab_import_results(
 def vab_summarize(
     sets: Annotated[str, SETS_OPT],
     fmt: Annotated[SummaryFormat, typer.Option("--format", help="table: what summarize.py prints; json: what it writes with --output")] = SummaryFormat.table,
+    t0: Annotated[bool, typer.Option("--t0", help="each judge's run at temperature 0 (stored as <judge>@t0) in parentheses beside its own, as summarize.py --t0-dir shows results-t0/ (not rows of their own then)")] = False,
 ) -> None:
     """The official metrics (p^3 and ap@1 per prompt type, by domain and image count, and the
     random guess) of every judge with answers to the official prompt types, as summarize.py computes them."""
@@ -402,14 +419,17 @@ def vab_summarize(
             by_judge.setdefault(r["judge"], []).append(r)
         # summarize.py reads sorted(results_dir.glob("*.json")): judges in the order of their file
         # names <model>.json (gpt-4o-mini.json before gpt-4o.json), after "Random Guess"
+        t0_rows = {j.removesuffix(T0_SUFFIX): by_judge.pop(j) for j in sorted(by_judge) if j.endswith(T0_SUFFIX)} if t0 else {}
         scores = official_summary(tasks, {j: by_judge[j] for j in sorted(by_judge, key=lambda j: j + ".json")})
-        others = sorted(set(by_judge) - set(scores))
+        t0_scores = {j: s for j, s in official_summary(tasks, t0_rows).items() if j in scores and j != "Random Guess"}
+        others = sorted(set(by_judge) - set(scores)) + sorted(f"{j}{T0_SUFFIX}" for j in t0_rows if j not in t0_scores)
         if fmt is SummaryFormat.json:
             typer.echo(json.dumps(scores, indent=2, ensure_ascii=False))
         else:
-            typer.echo(summary_table(scores), nl=False)
+            typer.echo(summary_table(scores, t0_scores), nl=False)
         if others:
-            err.print(f"not here (no answers to the official prompt types; see vab leaderboard): {', '.join(others)}",
+            err.print(f"not here (no answers to the official prompt types, or a t=0 run without its judge's own; see vab "
+                      f"leaderboard): {', '.join(others)}",
                       highlight=False, soft_wrap=True)
 
 

@@ -60,7 +60,7 @@ __all__ = [
 
 SCHEMA_DIR = "_schema"  # <lake>/<table>/_schema/data.parquet: typed, zero rows
 COMPRESSION = "zstd"
-CATALOG_FORMAT = "imagebench-catalog/7"  # /2: model_events view; leaderboard honours retirements; /3: study tables; /4: vab tables and views; /5: compacted per-model tables; /6: vab_trials.prompt_type; /7: study_leaderboard with quality control
+CATALOG_FORMAT = "imagebench-catalog/8"  # /2: model_events view; leaderboard honours retirements; /3: study tables; /4: vab tables and views; /5: compacted per-model tables; /6: vab_trials.prompt_type; /7: study_leaderboard with quality control; /8: vab_trials.response, vab_leaderboard NULL where no trial is behind a figure
 
 PROMPTS_SCHEMA = pa.schema(
     [
@@ -479,7 +479,8 @@ QUALIFY row_number() OVER (PARTITION BY model_id ORDER BY "at" DESC, event DESC)
 # right; a missing or invalid trial is wrong. strict_worst is NULL for 2-image tasks, so its mean is
 # over the tasks with a worst label. Same rules as tasks.vab.metrics (tests/vab/test_flow.py): our
 # combined prompt (prompt_type best_worst, or NULL in older rows) answers all three; the official
-# prompt types answer one each (both = pick_best_and_worst).
+# prompt types answer one each (both = pick_best_and_worst). A figure with no trial behind it (a
+# prompt type the judge was never asked) is NULL, never 0 (issue 25 item 6).
 VAB_VIEWS_SQL = (
     """
 CREATE VIEW vab_task_results AS
@@ -493,7 +494,11 @@ SELECT k.sets, j.judge, k.task_id, k.domain, k.n_images,
     count(DISTINCT CASE WHEN r.state = 'ok' AND r.best = k.best AND (k.worst IS NULL OR r.worst = k.worst)
                              AND coalesce(r.prompt_type, 'best_worst') IN ('best_worst', 'pick_best_and_worst')
                         THEN r.trial END) = 3 AS strict_both,
-    count(r.trial) AS trials
+    count(r.trial) AS trials,
+    count(r.trial) FILTER (WHERE coalesce(r.prompt_type, 'best_worst') IN ('best_worst', 'pick_best')) AS best_trials,
+    count(r.trial) FILTER (WHERE coalesce(r.prompt_type, 'best_worst') IN ('best_worst', 'pick_worst')
+                           AND k.worst IS NOT NULL) AS worst_trials,
+    count(r.trial) FILTER (WHERE coalesce(r.prompt_type, 'best_worst') IN ('best_worst', 'pick_best_and_worst')) AS both_trials
 FROM vab_tasks k
 JOIN (SELECT DISTINCT sets, judge FROM vab_trials) j ON j.sets = k.sets
 LEFT JOIN vab_trials r ON r.sets = k.sets AND r.judge = j.judge AND r.task_id = k.task_id
@@ -502,9 +507,9 @@ GROUP BY k.sets, j.judge, k.task_id, k.domain, k.n_images, k.best, k.worst
     """
 CREATE VIEW vab_leaderboard AS
 SELECT sets, judge,
-    100.0 * avg(CAST(strict_both AS INTEGER)) AS strict_both,
-    100.0 * avg(CAST(strict_best AS INTEGER)) AS strict_best,
-    100.0 * avg(CAST(strict_worst AS INTEGER)) AS strict_worst,
+    CASE WHEN sum(both_trials) > 0 THEN 100.0 * avg(CAST(strict_both AS INTEGER)) END AS strict_both,
+    CASE WHEN sum(best_trials) > 0 THEN 100.0 * avg(CAST(strict_best AS INTEGER)) END AS strict_best,
+    CASE WHEN sum(worst_trials) > 0 THEN 100.0 * avg(CAST(strict_worst AS INTEGER)) END AS strict_worst,
     count(*) AS tasks
 FROM vab_task_results
 GROUP BY sets, judge

@@ -8,14 +8,17 @@ positions in that shown order (1-based). Mapping back to stored positions is the
   endpoint, its key handling and redaction, its concurrency slot, image checks (sha256, side limit)
   and its typed errors. The question and the reading of the answer follow the prompt version
   (tasks.vab.prompts: ours, or the official toolkit's three prompt types); an unparsable answer is
-  asked again (``unparsable_retries``), then recorded with state ``unparsable`` and the raw text
-  in ``detail``: counted wrong, never dropped.
+  asked again (``unparsable_retries``), then recorded with state ``unparsable`` and the raw text's
+  end in ``detail``: counted wrong, never dropped. The official prompt on an OpenAI-compatible
+  endpoint goes out as eval.py sends it (tasks.vab.official_request: images, parameters, retries).
+  Every answer's full text is kept (``response``).
 - :class:`ScalarSetJudge` wraps any :class:`ImageScorer` (one score per image, higher = better):
   best = argmax, worst = argmin; a tie at the top or bottom is state ``tie`` (a failure, reported).
   Scorers here: :class:`SharpnessScorer` (variance of the Laplacian, dependency-free) and
   :class:`HPSv3ImageScorer` (imagebench's HPSv3 through tasks.hpsv3.scorer).
 - :class:`AnswerCache` stores every settled answer under a key made of the judge's identity, the
-  question asked and the images' sha256 in shown order: a rerun with the same judge sends nothing.
+  task and trial, the question asked and the images' sha256 in shown order: a rerun with the same
+  judge sends nothing, and two trials are two answers even when shown in the same order.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from schemas.vab import PROMPT_COMBINED, TRIAL_SCHEME_LEGACY, TRIAL_SCHEME_OFFICIAL
+from schemas.vab import PROMPT_COMBINED, TRIAL_SCHEME_OFFICIAL
 from tasks.vab.prompts import (OFFICIAL_ATTEMPTS, OFFICIAL_PROMPT_VERSION, OFFICIAL_TEMPERATURE, PROMPT_VERSIONS,  # noqa: F401
                                VAB_PROMPT_VERSION, message_parts, parse_answer, parse_best_worst, prompt_sha256, question_for)
 
@@ -65,6 +68,7 @@ class TrialAnswer:
     worst_shown: int | None
     state: str  # ok | unparsable | error | tie
     detail: str | None = None
+    response: str | None = None  # a VLM's full answer (the last one read), as eval.py keeps model_response
 
 
 # --- cache ---------------------------------------------------------------------------------------
@@ -77,11 +81,11 @@ class AnswerCache:
 
     @staticmethod
     def key(identity: str, item: TrialItem) -> str:
-        # Answers are reused only under the same trial scheme and prompt type. The first scheme's
-        # combined answers keep the key they were stored under.
-        parts: list = [identity, item.n, item.domain, list(item.image_sha256)]
-        if (item.scheme, item.prompt_type) != (TRIAL_SCHEME_LEGACY, PROMPT_COMBINED):
-            parts += [item.scheme, item.prompt_type]
+        # One answer per trial: two trials shown in the same order (a 2-image task always has two)
+        # are two samples, as in eval.py, never one answer read twice (issue 25 item 4). Answers
+        # cached before the trial was in the key are not reused.
+        parts: list = ["trial-v3", identity, item.task_id, item.trial, item.n, item.domain, list(item.image_sha256),
+                       item.scheme, item.prompt_type]
         blob = json.dumps(parts, separators=(",", ":"))
         return hashlib.sha256(blob.encode()).hexdigest()
 
@@ -151,7 +155,12 @@ class VlmSetJudge:
         self._down: str | None = None  # set when the judge itself is absent or misconfigured (as the router does)
 
     def sampling(self) -> dict[str, Any]:
-        """What the answers were sampled with (a local transformers model decodes greedily)."""
+        """What the answers were sampled with (a local transformers model decodes greedily); the
+        official prompt's are eval.py's (tasks.vab.official_request.request_params)."""
+        if self.endpoint.backend == "openai" and self.prompt_version == OFFICIAL_PROMPT_VERSION:
+            from tasks.vab.official_request import request_params
+
+            return request_params(self.endpoint.model, self.temperature)
         if self.endpoint.backend == "openai":
             return {**self.backend.sampling(), "temperature": self.temperature}
         return self.backend.sampling()
@@ -222,17 +231,23 @@ class VlmSetJudge:
         from tasks.judges.base import JudgeError
 
         parts = message_parts(self.prompt_version, item.prompt_type, item.n, item.domain)
+        if self.prompt_version == OFFICIAL_PROMPT_VERSION and self.endpoint.backend == "openai":
+            from tasks.vab import official_request  # eval.py's requests, retries and reading
+
+            got = await official_request.ask(self, item, parts, self.temperature,
+                                             lambda text: parse_answer(self.prompt_version, item.prompt_type, text, item.n))
+            return TrialAnswer(*got)
         why = ""
         raw = ""
         for _ in range(1 + self.unparsable_retries):
             try:
                 raw = await self._ask_with_retries(item, parts)
             except JudgeError as exc:
-                return TrialAnswer(None, None, STATE_ERROR, f"{type(exc).__name__}: {exc}")
+                return TrialAnswer(None, None, STATE_ERROR, f"{type(exc).__name__}: {exc}", raw or None)
             best, worst, why = parse_answer(self.prompt_version, item.prompt_type, raw, item.n)
             if why is None:
-                return TrialAnswer(best, worst, STATE_OK)
-        return TrialAnswer(None, None, STATE_UNPARSABLE, f"{why}; answer ended: {raw.strip()[-200:]!r}")
+                return TrialAnswer(best, worst, STATE_OK, None, raw)
+        return TrialAnswer(None, None, STATE_UNPARSABLE, f"{why}; answer ended: {raw.strip()[-200:]!r}", raw)
 
     def judge(self, items: Sequence[TrialItem]) -> list[TrialAnswer]:
         async def run() -> list[TrialAnswer]:

@@ -14,7 +14,10 @@ Scoring rules (docs/VAB.md, "Sets, trials and metrics"):
 - a one-trial judge (``trials_per_task`` 1) is never ranked in the 3-trial strict column: its
   one-trial accuracy sits beside the models' single-trial accuracy, against the one-trial random
   judge (docs/VAB.md, "One trial and three");
-- intervals: Wilson score (honest at 0% and 100%) as the reported one, the task bootstrap beside it.
+- intervals: Wilson score (honest at 0% and 100%) as the reported one, the task bootstrap beside it;
+- absent is never 0: a figure with no trial behind it (a prompt type the judge was never asked, a
+  group of tasks where it answered nothing) is None, never 0.0; a figure with trials behind it counts
+  its tasks' missing trials as wrong.
 """
 
 from __future__ import annotations
@@ -48,6 +51,15 @@ class TaskOutcome:
     trials_present: int
     # official prompt types: both comes from the pick_best_and_worst answers, not from best and worst
     both_override: tuple[bool, ...] | None = None
+    # trials recorded behind best / worst / both (official: of pick_best / pick_worst /
+    # pick_best_and_worst); None: ``trials_present`` (our combined prompt answers all three)
+    best_seen: int | None = None
+    worst_seen: int | None = None
+    both_seen: int | None = None
+
+    def seen(self, figure: str) -> int:
+        got = getattr(self, f"{figure}_seen")
+        return self.trials_present if got is None else got
 
     @property
     def has_worst(self) -> bool:
@@ -132,8 +144,9 @@ def task_outcomes(tasks: Sequence[VabTask], trials: Any, judge: str) -> list[Tas
             best = tuple(right(seen.get((tid, PICK_BEST, k)), True, False, t) for k in range(required))
             worst = tuple(right(seen.get((tid, PICK_WORST, k)), False, True, t) for k in range(required))
             both = tuple(right(seen.get((tid, PICK_BEST_AND_WORST, k)), True, True, t) for k in range(required))
-            present = sum((tid, PICK_BEST_AND_WORST, k) in seen for k in range(required))
-            out.append(TaskOutcome(tid, t.domain, n, best, worst if t.worst is not None else None, present, both))
+            count = {pt: sum((tid, pt, k) in seen for k in range(required)) for pt in OFFICIAL_PROMPT_TYPES}
+            out.append(TaskOutcome(tid, t.domain, n, best, worst if t.worst is not None else None, count[PICK_BEST_AND_WORST], both,
+                                   best_seen=count[PICK_BEST], worst_seen=count[PICK_WORST], both_seen=count[PICK_BEST_AND_WORST]))
             continue
         got = [seen.get((tid, PROMPT_COMBINED, k)) for k in range(required)]
         best = tuple(right(r, True, False, t) for r in got)
@@ -146,20 +159,30 @@ def _pct(num: int, den: int) -> float | None:
     return None if den == 0 else 100.0 * num / den
 
 
+def answered(outcomes: Sequence[TaskOutcome], figure: str) -> bool:
+    """Whether any trial is recorded behind ``figure`` (best, worst, both) of these tasks."""
+    return any(o.seen(figure) for o in outcomes if figure != "worst" or o.has_worst)
+
+
 def summarize(outcomes: Sequence[TaskOutcome]) -> dict:
     """Strict and single-trial accuracies (percent) of a list of outcomes; None where a metric
-    has no task (e.g. strict_worst over 2-image tasks only)."""
+    has no task (e.g. strict_worst over 2-image tasks only) or no trial behind it."""
     worst = [o for o in outcomes if o.has_worst]
     n, nt = len(outcomes), sum(len(o.best_trials) for o in outcomes)
+    best_on, worst_on, both_on = answered(outcomes, "best"), answered(outcomes, "worst"), answered(outcomes, "both")
+
+    def pct(num: int, den: int, on: bool) -> float | None:
+        return _pct(num, den) if on else None
+
     return {
         "tasks": n,
         "tasks_with_worst": len(worst),
-        "strict_best": _pct(sum(o.strict_best for o in outcomes), n),
-        "strict_worst": _pct(sum(bool(o.strict_worst) for o in worst), len(worst)),
-        "strict_both": _pct(sum(o.strict_both for o in outcomes), n),
-        "single_best": _pct(sum(sum(o.best_trials) for o in outcomes), nt),
-        "single_worst": _pct(sum(sum(o.worst_trials) for o in worst), sum(len(o.worst_trials) for o in worst)),
-        "single_both": _pct(sum(sum(o.both_trials) for o in outcomes), nt),
+        "strict_best": pct(sum(o.strict_best for o in outcomes), n, best_on),
+        "strict_worst": pct(sum(bool(o.strict_worst) for o in worst), len(worst), worst_on),
+        "strict_both": pct(sum(o.strict_both for o in outcomes), n, both_on),
+        "single_best": pct(sum(sum(o.best_trials) for o in outcomes), nt, best_on),
+        "single_worst": pct(sum(sum(o.worst_trials) for o in worst), sum(len(o.worst_trials) for o in worst), worst_on),
+        "single_both": pct(sum(sum(o.both_trials) for o in outcomes), nt, both_on),
     }
 
 
@@ -354,13 +377,17 @@ def judge_metrics(tasks: Sequence[VabTask], trials: Any, judge: str, n_resamples
     res["uncalibrated"] = any(identity_is_uncalibrated(r.get("judge_identity")) for r in mine)
     has_worst = [o.has_worst for o in outs]
     worst = [o for o in outs if o.has_worst]
-    res["strict_best_ci"] = wilson_interval(sum(o.strict_best for o in outs), len(outs))
-    res["strict_worst_ci"] = wilson_interval(sum(bool(o.strict_worst) for o in worst), len(worst))
-    res["strict_both_ci"] = wilson_interval(sum(o.strict_both for o in outs), len(outs))
-    res["single_both_ci"] = wilson_interval(sum(sum(o.both_trials) / len(o.both_trials) for o in outs), len(outs))
-    res["strict_best_boot"] = bootstrap_interval([o.strict_best for o in outs], None, n_resamples, seed=seed)
-    res["strict_worst_boot"] = bootstrap_interval([bool(o.strict_worst) for o in outs], has_worst, n_resamples, seed=seed)
-    res["strict_both_boot"] = bootstrap_interval([o.strict_both for o in outs], None, n_resamples, seed=seed)
+    # an interval only where its figure has trials behind it (absent is never [0, x])
+    on = {f: answered(outs, f) for f in ("best", "worst", "both")}
+    res["strict_best_ci"] = wilson_interval(sum(o.strict_best for o in outs), len(outs)) if on["best"] else None
+    res["strict_worst_ci"] = wilson_interval(sum(bool(o.strict_worst) for o in worst), len(worst)) if on["worst"] else None
+    res["strict_both_ci"] = wilson_interval(sum(o.strict_both for o in outs), len(outs)) if on["both"] else None
+    res["single_both_ci"] = (wilson_interval(sum(sum(o.both_trials) / len(o.both_trials) for o in outs), len(outs))
+                             if on["both"] else None)
+    res["strict_best_boot"] = bootstrap_interval([o.strict_best for o in outs], None, n_resamples, seed=seed) if on["best"] else None
+    res["strict_worst_boot"] = (bootstrap_interval([bool(o.strict_worst) for o in outs], has_worst, n_resamples, seed=seed)
+                                if on["worst"] else None)
+    res["strict_both_boot"] = bootstrap_interval([o.strict_both for o in outs], None, n_resamples, seed=seed) if on["both"] else None
     groups: dict[str, dict] = {"by_domain": defaultdict(list), "by_size": defaultdict(list)}
     for o in outs:
         groups["by_domain"][o.domain].append(o)
@@ -390,6 +417,9 @@ def compare_judges(tasks: Sequence[VabTask], trials: Any, judge_a: str, judge_b:
         if j not in known:
             raise ValueError(f"judge {j!r} has no trials in this set collection; judges: {sorted(known)}")
     oa, ob = task_outcomes(tasks, rows, judge_a), task_outcomes(tasks, rows, judge_b)
+    figure = metric.removeprefix("strict_")
+    if not (answered(oa, figure) and answered(ob, figure)):  # one of them was never asked it: nothing to pair
+        return {**mcnemar([], []), "judge_a": judge_a, "judge_b": judge_b, "metric": metric, "a_pct": None, "b_pct": None}
     keep = [o.has_worst for o in oa] if metric == "strict_worst" else [True] * len(oa)
     a = [bool(getattr(o, metric)) for o, k in zip(oa, keep) if k]
     b = [bool(getattr(o, metric)) for o, k in zip(ob, keep) if k]

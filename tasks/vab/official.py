@@ -17,7 +17,10 @@ Per judge and prompt type (pick_best, pick_worst, pick_best_and_worst), trials a
 - the random guess, per task: best and worst (1/k)^3, both (1/(k(k-1)))^3, 0.5^3 for k = 2;
   ap@1 without the cube; averaged over the collection's tasks.
 
-A share with no task is 0, as in summarize.py. Nothing is rounded (the table prints one decimal).
+A share with no task behind it is None (absent: JSON null, "-" in the table), where summarize.py
+writes 0 (a prompt type the run did not ask, a domain with no task, a trial index with no answer):
+issue 25 item 6, "absent is never 0". Everything else is summarize.py's number, unrounded (the table
+prints one decimal).
 """
 
 from __future__ import annotations
@@ -53,12 +56,12 @@ def _bucket() -> dict:
     return {PICK_BEST: [0, 0], PICK_WORST: [0, 0], PICK_BEST_AND_WORST: [0, 0, 0, 0]}  # [total, right...]
 
 
-def _share(num: int, den: int) -> float | int:
-    return num / den if den else 0
+def _share(num: int, den: int) -> float | None:
+    return num / den if den else None  # summarize.py: 0
 
 
-def _mean(values: Sequence[float]) -> float | int:
-    return sum(values) / len(values) if values else 0
+def _mean(values: Sequence[float | None]) -> float | None:
+    return sum(values) / len(values) if values else None  # summarize.py: 0
 
 
 def _add(bucket: dict, pt: str, *rights: bool) -> None:
@@ -123,13 +126,13 @@ def _tally(trials: Iterable[OfficialTrial]) -> _Tally:
     return _Tally(total, by_domain, by_n, per_trial, per_trial_domain, per_trial_n)
 
 
-def _acc(b: dict, pt: str) -> float | int:
+def _acc(b: dict, pt: str) -> float | None:
     return _share(b[pt][1], b[pt][0])
 
 
 def _acc_bw(b: dict) -> tuple:
     t, rb, rw, both = b[PICK_BEST_AND_WORST]
-    return (0, 0, 0) if t == 0 else (rb / t, rw / t, both / t)
+    return (None, None, None) if t == 0 else (rb / t, rw / t, both / t)  # summarize.py: (0, 0, 0)
 
 
 def judge_scores(trials: Iterable[OfficialTrial]) -> dict:
@@ -297,19 +300,27 @@ def _table(headers: Sequence[str], rows: Sequence[Sequence[str]], align: Sequenc
     return [sep, line(headers), sep, *(line(r) for r in rows), sep]
 
 
-def summary_table(scores: dict) -> str:
-    """The text summarize.py prints for ``scores`` (no t=0 results), ending with a newline."""
+def _pct_t0(value, t0_value) -> str:
+    return _pct(value) + ("" if t0_value is None else f" ({_pct(t0_value)})")
+
+
+def summary_table(scores: dict, t0_scores: dict | None = None) -> str:
+    """The text summarize.py prints for ``scores`` and, in parentheses in the overall table, the same
+    judges' runs at temperature 0 (``t0_scores``, its --t0-dir), ending with a newline."""
+    t0_scores = t0_scores or {}
     out = ["", "=" * 80, "  Benchmark Results Summary", "=" * 80]
     has_ap1 = any("avg_pass_at_1" in s for s in scores.values())
     names = ["top1", "bot1", "tb1"]
     headers = ["Model", *(f"{n}(p^3)" for n in names), *(f"{n}(ap@1)" for n in names)] if has_ap1 else ["Model", *names]
     rows = []
     for name, s in scores.items():
-        row = [name, _pct(s[PICK_BEST]["accuracy"]), _pct(s.get(PICK_WORST, {}).get("accuracy")),
-               _pct(s[PICK_BEST_AND_WORST]["accuracy_both"])]
+        t0 = t0_scores.get(name) or {}
+        row = [name, _pct_t0(s[PICK_BEST]["accuracy"], t0.get(PICK_BEST, {}).get("accuracy")),
+               _pct_t0(s.get(PICK_WORST, {}).get("accuracy"), t0.get(PICK_WORST, {}).get("accuracy")),
+               _pct_t0(s[PICK_BEST_AND_WORST]["accuracy_both"], t0.get(PICK_BEST_AND_WORST, {}).get("accuracy_both"))]
         if has_ap1:
-            ap = s.get("avg_pass_at_1", {})
-            row += [_pct(ap.get(PICK_BEST)), _pct(ap.get(PICK_WORST)), _pct(ap.get("pick_best_and_worst_both"))]
+            ap, t0_ap = s.get("avg_pass_at_1", {}), t0.get("avg_pass_at_1", {})
+            row += [_pct_t0(ap.get(k), t0_ap.get(k)) for k in (PICK_BEST, PICK_WORST, "pick_best_and_worst_both")]
         rows.append(row)
     out += ["", "  Overall Accuracy  (p^3 = pass^3, ap@1 = avg pass@1, parentheses = t=0)", "-" * 80]
     out += _table(headers, rows, ["l"] + ["r"] * (len(headers) - 1))

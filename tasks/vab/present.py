@@ -37,6 +37,11 @@ def strict_or_none(m: dict, key: str):
 
 
 def ranked(metrics: Iterable[dict]) -> list[dict]:
-    """3-trial judges by strict both (best first), then one-trial judges by their one-trial both."""
-    return sorted(metrics, key=lambda m: (is_one_trial(m), -((m["single_both"] if is_one_trial(m) else m["strict_both"]) or 0),
-                                          m["judge"]))
+    """3-trial judges by strict both (best first), then one-trial judges by their one-trial both; a
+    judge whose figure is absent (never asked for both) after those that have one."""
+
+    def key(m: dict) -> tuple:
+        figure = m["single_both"] if is_one_trial(m) else m["strict_both"]
+        return (is_one_trial(m), figure is None, -(figure or 0), m["judge"])
+
+    return sorted(metrics, key=key)

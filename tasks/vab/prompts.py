@@ -8,10 +8,10 @@
   numbers to sit beside theirs): three prompt types (pick_best, pick_worst, pick_best_and_worst
   for 3+ images), letter labels, the question first, then ``Image A:`` before each image;
   ``BEST: X`` / ``WORST: Y`` found anywhere in the answer (first match, letter case ignored),
-  temperature 1.0 unless asked otherwise, up to 3 attempts when the answer cannot be read.
-
-One rule of ours on top of eval.py's reading: a pick_best_and_worst answer naming the same image
-best and worst is not an answer (state ``unparsable``; docs/VAB.md, decision).
+  temperature 1.0 unless asked otherwise, up to 3 attempts when the answer cannot be read. A
+  pick_best_and_worst answer naming one image best and worst is read as eval.py reads it (an
+  answer: right on best or on worst at most, never on both). What goes out with these prompts is
+  tasks.vab.official_request's.
 """
 
 from __future__ import annotations
@@ -138,7 +138,8 @@ def _official_find(tag: str, text: str) -> str | None:
 
 def parse_official(text: str | None, prompt_type: str, n: int) -> tuple[int | None, int | None, str | None]:
     """eval.py's reading of an answer to ``prompt_type`` about ``n`` images (letters -> slots 1..n):
-    the first ``BEST: X`` (``WORST: X``) anywhere, X a label of the set."""
+    the first ``BEST: X`` (``WORST: X``) anywhere, X a label of the set; best and worst may name
+    the same image (eval.py accepts it and scores it)."""
     text = text or ""
     labs = letters(n)
     got: dict[str, int | None] = {}
@@ -150,8 +151,6 @@ def parse_official(text: str | None, prompt_type: str, n: int) -> tuple[int | No
         if letter not in labs:
             return None, None, f"no '{tag}: X' with X one of {', '.join(labs)}"
         got[tag] = labs.index(letter) + 1
-    if prompt_type == PICK_BEST_AND_WORST and got["BEST"] == got["WORST"]:
-        return None, None, f"BEST and WORST name the same image ({letters(n)[got['BEST'] - 1]})"
     return got["BEST"], got["WORST"], None
 
 

@@ -3,8 +3,8 @@ as they are (docs/VAB.md, "Official result files").
 
 - ``<model>.json`` (a finished run): ``metadata.model`` and ``results[]``, one row per
   (task_id, prompt_type, trial), pick_best_and_worst rows of 2-image tasks already derived;
-- ``<model>.partial.jsonl`` (a run still going or stopped): one row per line, as eval.py appends
-  them; read as eval.py reads it at the end of a run (a later answer replaces an earlier error of
+- ``<model>.partial.jsonl`` (a run still going or stopped; any file name: told apart from a
+  finished file by its content, one JSON row per line): read as eval.py reads it at the end of a run (a later answer replaces an earlier error of
   the same trial, an unreadable line is skipped and counted), then, when the run asked
   pick_best_and_worst (the file has such rows), the 2-image pick_best_and_worst rows are derived
   from pick_best as eval.py derives them.
@@ -13,9 +13,11 @@ Each row becomes one ``vab_trials`` row (prompt_type, trial, shown order ``[p + 
 permutation]``, answer letters mapped to stored positions through the release's labels): an
 ``error`` row is state ``error``, ``parsed_answer: null`` is ``unparsable``. The file is checked
 whole against the set collection (task ids, sizes, domains, ground truths, eval.py's ``correct``,
-three distinct orders for 3+ images, best != worst); every bad row is named and nothing is stored.
-The judge name is ``metadata.model`` after its last ``/`` (summarize.py's name), the partial
-file's name without ``.partial.jsonl``, or ``--judge``. Light: no torch, Prefect or GX.
+three distinct orders for 3+ images); every bad row is named and nothing is stored. An answer
+naming one image best and worst is imported as eval.py scored it (issue 25 item 3), and every
+row's ``model_response`` is kept (``response``). The judge name is ``metadata.model`` after its
+last ``/`` (summarize.py's name), a partial file's name up to ``.partial`` (else without its last
+suffix), or ``--judge``. Light: no torch, Prefect or GX.
 """
 
 from __future__ import annotations
@@ -37,6 +39,16 @@ from tasks.vab.trials import official_orders, repeated_orders
 PARTIAL_SUFFIX = ".partial.jsonl"
 
 
+def is_partial(text: str) -> bool:
+    """Whether a file's text is eval.py's partial file (one result row per line), not its finished
+    ``<model>.json`` (one object with metadata and results): by content, whatever the file's name."""
+    try:
+        whole = json.loads(text)
+    except json.JSONDecodeError:
+        return True  # several lines of JSON, or a line cut short: JSONL
+    return not (isinstance(whole, dict) and "results" in whole and "metadata" in whole)
+
+
 def read_results_file(file: Path) -> tuple[dict, list[dict], int]:
     """(metadata, result rows, unreadable lines skipped) of an eval.py result file."""
     file = Path(file)
@@ -44,7 +56,7 @@ def read_results_file(file: Path) -> tuple[dict, list[dict], int]:
         text = file.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise ValueError(f"{file}: cannot read: {exc}") from None
-    if file.name.endswith(PARTIAL_SUFFIX):
+    if is_partial(text):
         by_key: dict[tuple, dict] = {}
         skipped = 0
         for line in text.splitlines():
@@ -60,7 +72,10 @@ def read_results_file(file: Path) -> tuple[dict, list[dict], int]:
             key = (r["task_id"], r["prompt_type"], r.get("trial", 0))
             if key not in by_key or "error" in by_key[key]:
                 by_key[key] = r
-        return {}, list(by_key.values()), skipped
+        if not by_key and skipped:
+            raise ValueError(f"{file}: neither eval.py's result file (JSON with metadata and results) nor its partial file "
+                             f"(one JSON result row per line): no line could be read")
+        return {"partial": True}, list(by_key.values()), skipped
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
@@ -77,7 +92,8 @@ def read_results_file(file: Path) -> tuple[dict, list[dict], int]:
 def default_judge_name(file: Path, metadata: dict) -> str:
     if metadata.get("model"):
         return metadata["model"].rsplit("/", 1)[-1]
-    return Path(file).name.removesuffix(PARTIAL_SUFFIX)
+    name = Path(file).name
+    return name.split(".partial", 1)[0] if ".partial" in name else Path(name).stem
 
 
 def derive_two_image_rows(rows: list[dict], tasks_by_id: dict[str, VabTask]) -> list[dict]:
@@ -143,13 +159,16 @@ def _trial_row(r: dict, task: VabTask) -> dict:
             raise ValueError(f"parsed_answer {k} {parsed.get(k)!r} is not one of the labels {labels}")
         stored = labels.index(parsed[k]) + 1
         row[k], row[f"{k}_shown"] = stored, order.index(stored) + 1
-    if pt == PICK_BEST_AND_WORST and row["best"] == row["worst"]:
-        raise ValueError(f"best and worst name the same image ({parsed['best']}): not an answer")
     correct = all(row[k] == (task.best if k == "best" else official_worst(task)) for k in keys)
     if "correct" in r and bool(r["correct"]) != correct:
         raise ValueError(f"correct={r['correct']!r}, but the answer {parsed} against the labels is {correct}")
     detail = "derived from pick_best" if r.get("derived_from") else None
     return {**row, "state": "ok", "detail": detail}
+
+
+def _response(r: dict) -> str | None:
+    text = r.get("model_response")
+    return text if isinstance(text, str) else None
 
 
 def parse_results(file: Path, tasks: list[VabTask], sets: str, judge: str | None = None) -> tuple[str, list[dict], dict]:
@@ -162,7 +181,7 @@ def parse_results(file: Path, tasks: list[VabTask], sets: str, judge: str | None
     # eval.py derives only when its run asked pick_best_and_worst: a partial file shows that by its
     # pick_best_and_worst rows (of 3+-image tasks); a finished .json holds its derived rows already
     asked_both = any(r.get("prompt_type") == PICK_BEST_AND_WORST for r in results)
-    derived = derive_two_image_rows(results, by_id) if file.name.endswith(PARTIAL_SUFFIX) and asked_both else []
+    derived = derive_two_image_rows(results, by_id) if metadata.get("partial") and asked_both else []
     problems: list[str] = []
     seen: dict[tuple, int] = {}
     rows: list[dict] = []
@@ -186,7 +205,7 @@ def parse_results(file: Path, tasks: list[VabTask], sets: str, judge: str | None
             problems.append(f"{where}: {exc}")
             continue
         rows.append({"sets": sets, "judge": name, "judge_kind": "import", "judge_identity": identity, **fields,
-                     "decided_at": now})
+                     "decided_at": now, "response": _response(r)})
     orders: dict[tuple, list] = defaultdict(list)
     for row in rows:
         orders[(row["task_id"], row["prompt_type"])].append(row["order"])

@@ -22,7 +22,7 @@ import pyarrow as pa
 from schemas.vab import (OFFICIAL_PROMPT_TYPES, PICK_BEST, PICK_BEST_AND_WORST, PROMPT_COMBINED, TRIAL_SCHEME_OFFICIAL, VAB_TRIALS,
                          VabTask, check_judge_name)
 from tasks.vab.judges import AnswerCache, HPSv3ImageScorer, ScalarSetJudge, SetJudge, SharpnessScorer, TrialAnswer, TrialItem, VlmSetJudge, judge_with_cache
-from tasks.vab.prompts import OFFICIAL_PROMPT_VERSION, VAB_PROMPT_VERSION
+from tasks.vab.prompts import OFFICIAL_PROMPT_VERSION, OFFICIAL_TEMPERATURE, VAB_PROMPT_VERSION
 from tasks.vab.trials import map_back, trial_orders
 
 SCALAR_JUDGES = ("sharpness", "hpsv3")
@@ -43,6 +43,16 @@ class JudgeSpec:
     @property
     def official(self) -> bool:
         return self.kind == "vlm" and self.prompt_version == OFFICIAL_PROMPT_VERSION
+
+    @property
+    def stored_name(self) -> str:
+        """The name its answers are stored under: the judge's, or ``<judge>@t<T>`` for a VLM sampled at
+        a temperature other than its prompt version's default (1.0 official, 0 ours), so a run at
+        temperature 0 sits beside the run at 1 instead of replacing it (summarize.py's --t0-dir)."""
+        if self.kind != "vlm" or self.temperature is None:
+            return self.name
+        default = OFFICIAL_TEMPERATURE if self.official else 0.0
+        return self.name if float(self.temperature) == default else f"{self.name}@t{float(self.temperature):g}"
 
     def build(self) -> SetJudge:
         if self.kind == "vlm":
@@ -106,7 +116,9 @@ def resolve_judges(settings: Any, names: Sequence[str], prompt_version: str = VA
             ep = endpoints[name]
             if ep.backend not in ("openai", "transformers"):
                 raise ValueError(f"judge {name!r}: backend {ep.backend!r} cannot rank image sets (openai or transformers VLMs only)")
-            specs.append(JudgeSpec(name, "vlm", endpoint=ep, prompt_version=prompt_version, temperature=temperature))
+            spec = JudgeSpec(name, "vlm", endpoint=ep, prompt_version=prompt_version, temperature=temperature)
+            check_judge_name(spec.stored_name)
+            specs.append(spec)
         else:
             known = sorted(SCALAR_JUDGES) + sorted(n for n, e in endpoints.items() if e.backend in ("openai", "transformers"))
             src = f" (endpoints config {settings.judges_config})" if settings.judges_config else " (no endpoints config: IMAGEBENCH_JUDGES_CONFIG)"
@@ -114,16 +126,33 @@ def resolve_judges(settings: Any, names: Sequence[str], prompt_version: str = VA
     return specs
 
 
+def check_prompt_types(prompt_types: Sequence[str] | None, official: bool) -> tuple[str, ...]:
+    """The prompt types a run asks: eval.py's ``--prompt-type`` (one of them, or all three); our
+    combined prompt has one. ValueError naming what is allowed otherwise."""
+    if not official:
+        if prompt_types and set(prompt_types) != {PROMPT_COMBINED}:
+            raise ValueError(f"--prompt-type {', '.join(prompt_types)} needs --prompt {OFFICIAL_PROMPT_VERSION} "
+                             f"(our prompt asks one combined question)")
+        return (PROMPT_COMBINED,)
+    asked = tuple(pt for pt in OFFICIAL_PROMPT_TYPES if not prompt_types or pt in prompt_types)
+    unknown = sorted(set(prompt_types or ()) - set(OFFICIAL_PROMPT_TYPES))
+    if unknown or not asked:
+        raise ValueError(f"unknown prompt type(s) {unknown}; the official ones: {', '.join(OFFICIAL_PROMPT_TYPES)} (or all)")
+    return asked
+
+
 def trial_items(tasks: Sequence[VabTask], paths: Sequence[Sequence[Path]], scheme: str = TRIAL_SCHEME_OFFICIAL,
-                official: bool = False) -> list[TrialItem]:
+                official: bool = False, prompt_types: Sequence[str] | None = None) -> list[TrialItem]:
     """The 3 trials of every task, images in each trial's shown order (tasks.vab.trials, under the
     collection's ``scheme``): one combined question each, or (``official``) each of eval.py's prompt
-    types (pick_best_and_worst for 3+ images only: for 2 it is derived, :func:`derived_rows`)."""
+    types asked (all three by default; pick_best_and_worst for 3+ images only: for 2 it is derived,
+    :func:`derived_rows`)."""
+    asked = check_prompt_types(prompt_types, official)
     items = []
     for task, task_paths in zip(tasks, paths, strict=True):
         n = len(task.images)
         shas = list(task.image_sha256) or [""] * n
-        types = [pt for pt in OFFICIAL_PROMPT_TYPES if not (pt == PICK_BEST_AND_WORST and n == 2)] if official else [PROMPT_COMBINED]
+        types = [pt for pt in asked if not (pt == PICK_BEST_AND_WORST and n == 2)]
         for pt in types:
             for trial, order in enumerate(trial_orders(task.task_id, n, scheme)):
                 items.append(TrialItem(
@@ -150,19 +179,21 @@ def derived_rows(rows: Sequence[dict], tasks: Sequence[VabTask]) -> list[dict]:
     return out
 
 
-def trial_rows(sets: str, judge: SetJudge, items: Sequence[TrialItem], answers: Sequence[TrialAnswer]) -> list[dict]:
-    """``vab_trials`` rows: each answer with its shown positions mapped back to stored ones."""
+def trial_rows(sets: str, judge: SetJudge, items: Sequence[TrialItem], answers: Sequence[TrialAnswer],
+               stored_name: str | None = None) -> list[dict]:
+    """``vab_trials`` rows: each answer with its shown positions mapped back to stored ones, under
+    ``stored_name`` (default: the judge's name)."""
     now = datetime.now(timezone.utc)
     identity = judge.identity()  # once: HPSv3's identity hashes its files
     rows = []
     for it, a in zip(items, answers, strict=True):
         rows.append({
-            "sets": sets, "judge": judge.name, "judge_kind": judge.kind, "judge_identity": identity,
+            "sets": sets, "judge": stored_name or judge.name, "judge_kind": judge.kind, "judge_identity": identity,
             "task_id": it.task_id, "trial": it.trial, "prompt_type": it.prompt_type, "order": list(it.order),
             "best_shown": a.best_shown, "worst_shown": a.worst_shown,
             "best": map_back(it.order, a.best_shown) if a.best_shown is not None else None,
             "worst": map_back(it.order, a.worst_shown) if a.worst_shown is not None else None,
-            "state": a.state, "detail": a.detail, "decided_at": now,
+            "state": a.state, "detail": a.detail, "decided_at": now, "response": a.response,
         })
     return rows
 
@@ -171,7 +202,7 @@ def judge_batch(sets: str, spec: JudgeSpec, items: Sequence[TrialItem], cache_di
     """Answers of one judge to one batch of trials, as ``vab_trials`` rows; (rows, cache hits)."""
     judge = spec.build()
     answers, hits = judge_with_cache(judge, items, AnswerCache(cache_dir))
-    return trial_rows(sets, judge, items, answers), hits
+    return trial_rows(sets, judge, items, answers, spec.stored_name), hits
 
 
 def batches(items: Sequence[TrialItem], spec: JudgeSpec, size: int) -> list[list[TrialItem]]:

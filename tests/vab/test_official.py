@@ -67,14 +67,40 @@ def _invoke(*args):
     return CliRunner().invoke(app, [str(a) for a in args])
 
 
-def _close(a, b, path="") -> None:
-    """Same keys (in the same order) and numbers within 1e-9."""
+def _close(a, b, path="", absent=lambda path: False) -> None:
+    """Same keys (in the same order) and numbers within 1e-9; where ``absent(path)``, ours is None
+    and summarize.py's 0 (a figure with no task behind it: absent, never 0; issue 25 item 6)."""
     if isinstance(a, dict):
         assert isinstance(b, dict) and list(a) == list(b), (path, list(a), list(b) if isinstance(b, dict) else b)
         for k in a:
-            _close(a[k], b[k], f"{path}/{k}")
+            _close(a[k], b[k], f"{path}/{k}", absent)
+    elif absent(path):
+        assert a is None and b == 0, (path, a, b)
     else:
         assert isinstance(a, (int, float)) and isinstance(b, (int, float)) and abs(a - b) <= 1e-9, (path, a, b)
+
+
+def judge_two_both(path: str) -> bool:
+    """judge-two is a --prompt-type pick_best run: every pick_best_and_worst figure of it is absent."""
+    return path.startswith("/judge-two/") and "pick_best_and_worst" in path
+
+
+def absent_in_table(text: str, judge: str = "judge-two") -> str:
+    """summarize.py's table with ``judge``'s tb1 cells (no pick_best_and_worst answer behind them)
+    printed as absent, '-', where summarize.py prints 0.0%."""
+    out, section = [], ""
+    for line in text.splitlines(keepends=True):
+        if line.startswith("  Overall") or line.startswith("  By "):
+            section = line
+        if line.startswith(f"   {judge} "):
+            cells = line.rstrip("\n").split("|")
+            tb1 = [3, 6] if section.startswith("  Overall") else range(1, len(cells)) if "(tb1)" in section else []
+            for i in tb1:
+                assert cells[i].strip() == "0.0%", (line, i)
+                cells[i] = cells[i].replace("0.0%", "   -")
+            line = "|".join(cells) + "\n"
+        out.append(line)
+    return "".join(out)
 
 
 # ---- trials and prompts, against eval.py's own output --------------------------------------------
@@ -105,6 +131,7 @@ def test_official_prompt_is_eval_py_build_messages() -> None:
     ("BEST: B and then BEST: A", "pick_best", 2, (2, None, None)),  # the first match counts
     ("**WORST: A**", "pick_worst", 4, (None, 1, None)),
     ("WORST: D\nBEST: A", "pick_best_and_worst", 4, (1, 4, None)),
+    ("BEST: B\nWORST: B", "pick_best_and_worst", 3, (2, 2, None)),  # one image best and worst: read, as eval.py (issue 25 item 3)
 ])
 def test_official_parser_reads_like_eval_py(text, pt, n, want) -> None:
     assert parse_official(text, pt, n) == want
@@ -114,7 +141,6 @@ def test_official_parser_reads_like_eval_py(text, pt, n, want) -> None:
     ("BEST: E", "pick_best", 4, "no 'BEST: X' with X one of A, B, C, D"),
     ("BEST: A", "pick_best_and_worst", 3, "no 'WORST: X'"),
     ("BEST:AB", "pick_best", 3, "no 'BEST: X'"),
-    ("BEST: B\nWORST: B", "pick_best_and_worst", 3, "BEST and WORST name the same image (B)"),  # ours, issue 17 item 7
 ])
 def test_official_parser_refuses(text, pt, n, why) -> None:
     best, worst, reason = parse_official(text, pt, n)
@@ -150,18 +176,19 @@ def test_official_scores_by_hand() -> None:
     assert s["pick_best"] == {"accuracy": 0.5}  # T1 of {T1, T2}
     assert s["pick_worst"] == {"accuracy": 2 / 3}  # T2, T3 of 3
     assert s["pick_best_and_worst"] == {"accuracy_best": 1 / 3, "accuracy_worst": 0, "accuracy_both": 0}  # T2 best only
-    assert s["by_domain"]["fine-art"] == {"pick_best": 0, "pick_best_and_worst_both": 0, "pick_worst": 1.0}
-    assert s["by_domain"]["illustration"] == {"pick_best": 0, "pick_best_and_worst_both": 0, "pick_worst": 0}
+    # fine-art's pick_best: its one task (T3) all errors, none counted: absent (summarize.py: 0)
+    assert s["by_domain"]["fine-art"] == {"pick_best": None, "pick_best_and_worst_both": 0, "pick_worst": 1.0}
+    assert s["by_domain"]["illustration"] == {"pick_best": None, "pick_best_and_worst_both": None, "pick_worst": None}
     assert s["by_n_images"]["3"] == {"pick_best": 0.5, "pick_best_and_worst_both": 0, "pick_worst": 0.5}
     # ap@1: pick_best per trial 2/2, 1/2, 2/2; pick_worst 3/3, 2/2, 3/3; pbw both (parsed only) 3/3, 0/1, 3/3
     assert s["avg_pass_at_1"] == {"pick_best": pytest.approx((1 + 0.5 + 1) / 3), "pick_best_and_worst_both": pytest.approx(2 / 3),
                                   "pick_worst": 1.0}
-    assert s["avg_pass_at_1_by_n_images"]["2"] == {"pick_best": 0, "pick_best_and_worst_both": 1.0, "pick_worst": 1.0}
-    # a pick_best-only judge: no pick_worst keys at all, pick_best_and_worst all 0
+    assert s["avg_pass_at_1_by_n_images"]["2"] == {"pick_best": None, "pick_best_and_worst_both": 1.0, "pick_worst": 1.0}
+    # a pick_best-only judge: no pick_worst keys at all, pick_best_and_worst absent (summarize.py: all 0)
     only = judge_scores([_t("T1", pb, k, best=k != 1) for k in range(3)])
     assert "pick_worst" not in only and "pick_worst" not in only["by_domain"]["photograph"]
-    assert only["pick_best_and_worst"] == {"accuracy_best": 0, "accuracy_worst": 0, "accuracy_both": 0}
-    assert only["avg_pass_at_1"] == {"pick_best": pytest.approx(2 / 3), "pick_best_and_worst_both": 0}
+    assert only["pick_best_and_worst"] == {"accuracy_best": None, "accuracy_worst": None, "accuracy_both": None}
+    assert only["avg_pass_at_1"] == {"pick_best": pytest.approx(2 / 3), "pick_best_and_worst_both": None}
 
 
 def test_random_guess_by_hand() -> None:
@@ -187,15 +214,15 @@ def test_release_results_and_summary_equal_the_official(home, tmp_path) -> None:
     assert "80 answers of judge judge-one (error 4, ok 73, unparsable 3; 8 derived" in r.output, r.output
     r = _invoke("vab", "summarize", "--sets", "rel", "--format", "json")
     assert r.exit_code == 0, r.output
-    _close(json.loads(r.stdout), json.loads((FIX / "summary.json").read_text()))
+    _close(json.loads(r.stdout), json.loads((FIX / "summary.json").read_text()), absent=judge_two_both)
     r = _invoke("vab", "summarize", "--sets", "rel")
-    assert r.exit_code == 0 and r.stdout == (FIX / "summary.txt").read_text()
+    assert r.exit_code == 0 and r.stdout == absent_in_table((FIX / "summary.txt").read_text())
     # our stricter leaderboard beside it: an error is a wrong trial, no task leaves the total
     board = {b["judge"]: b for b in json.loads(_invoke("vab", "leaderboard", "--sets", "rel", "--format", "json").stdout)}
     one = board["judge-one"]
     assert one["strict_best"] == pytest.approx(100 * 5 / 9)  # official 5/8 = 62.5%: vab-0008 errored, left out there
     assert one["invalid_trials"] == 4 + 3 and one["tasks"] == 9  # 4 errors + 3 unparsable
-    assert board["judge-two"]["strict_both"] == 0.0
+    assert board["judge-two"]["strict_both"] is None  # never asked pick_best_and_worst: absent, not 0
 
 
 def test_summarize_orders_judges_as_summarize_py_orders_result_files(home, tmp_path) -> None:
@@ -215,7 +242,7 @@ def test_summarize_orders_judges_as_summarize_py_orders_result_files(home, tmp_p
     assert list(got) == official_order
     want = json.loads((FIX / "summary.json").read_text())
     _close(got["gpt-4o"], want["judge-one"])
-    _close(got["gpt-4o-mini"], want["judge-two"])
+    _close(got["gpt-4o-mini"], want["judge-two"], "/judge-two", absent=judge_two_both)
     r = _invoke("vab", "summarize", "--sets", "rel")
     assert r.exit_code == 0, r.output
     # every table (overall, 3 by domain, 3 by image count) lists the judges in that order

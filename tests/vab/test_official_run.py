@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import io
 import json
 import re
 
@@ -30,9 +31,17 @@ def test_official_prompt_run(prefect_harness, tmp_path, monkeypatch) -> None:
 
     manifest = write_demo_sets(tmp_path / "sets")
     tasks = [json.loads(line) for line in manifest.read_text().splitlines()]
-    level = {hashlib.sha256(p.read_bytes()).hexdigest(): int(re.search(r"-L(\d)\.png$", p.name).group(1))
-             for p in (tmp_path / "sets").glob("*.png")}
-    task_of = {hashlib.sha256((manifest.parent / img).read_bytes()).hexdigest(): t["task_id"] for t in tasks for img in t["images"]}
+
+    def sent(path) -> str:  # the image as eval.py sends it: RGB JPEG quality 85 (the toolkit test checks it against eval.py)
+        from PIL import Image
+
+        buf = io.BytesIO()
+        with Image.open(path) as im:
+            im.convert("RGB").save(buf, format="JPEG", quality=85)
+        return hashlib.sha256(buf.getvalue()).hexdigest()
+
+    level = {sent(p): int(re.search(r"-L(\d)\.png$", p.name).group(1)) for p in (tmp_path / "sets").glob("*.png")}
+    task_of = {sent(manifest.parent / img): t["task_id"] for t in tasks for img in t["images"]}
 
     def answer(req: RecordedRequest) -> Reply:
         parts = req.body["messages"][-1]["content"]
@@ -64,10 +73,10 @@ def test_official_prompt_run(prefect_harness, tmp_path, monkeypatch) -> None:
     finally:
         server.stop()
     # eval.py's requests: 6 tasks x (pick_best, pick_worst) x 3 + 5 tasks of 3+ images x pbw x 3,
-    # and 2 more attempts for each of the 3 unreadable pick_best trials
+    # and 2 more attempts (2 s, then 5 s later) for each of the 3 unreadable pick_best trials
     assert len(requests) == 6 * 2 * 3 + 5 * 3 + 3 * 2
     first = requests[0].body
-    assert first["temperature"] == 1.0
+    assert first["temperature"] == 1.0 and first["max_tokens"] == 8192 and "seed" not in first
     content = first["messages"][-1]["content"]
     assert content[0]["text"].startswith("You will be shown ") and content[1] == {"type": "text", "text": "\nImage A:"}
     assert content[2]["type"] == "image_url" and content[-2]["text"].startswith("\nImage ")
