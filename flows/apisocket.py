@@ -41,8 +41,8 @@ class PortTaken(OSError):
 
 def bind_api_socket(host: str, port: int, listen: bool = False) -> socket.socket:
     """A TCP socket bound to ``host:port`` (``port`` 0: one the kernel picks), to hand to uvicorn,
-    which listens on it. Inheritable, so that it survives the server's exec (pass it with
-    ``pass_fds``). Raises :class:`PortTaken`.
+    which listens on it: pass it with ``pass_fds`` (the server's copy alone is made inheritable;
+    no other program this process starts gets one). Raises :class:`PortTaken`.
 
     Without ``listen``: bound only, and without SO_REUSEADDR, so that no other socket of anyone may
     bind an overlapping address (Linux refuses it unless both sockets set SO_REUSEADDR), while a
@@ -68,7 +68,6 @@ def bind_api_socket(host: str, port: int, listen: bool = False) -> socket.socket
         taken = PortTaken(f"port {host}:{port} is taken{f' ({holder})' if holder else ''}: {exc.strerror or exc}")
         taken.errno = exc.errno
         raise taken from None
-    sock.set_inheritable(True)
     return sock
 
 

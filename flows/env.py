@@ -67,6 +67,30 @@ def prepare_prefect_env(home: Path) -> None:
         guard_ephemeral_server()
 
 
+def share_embedded_api() -> str | None:
+    """Start this process's embedded API now and name it, for the processes this one starts, in
+    ``PREFECT_API_URL`` (marked as the embedded API: flows/warm.py ``embedded_api_url``). What
+    `serve` on the embedded API needs: each flow run its runner starts is a new process that,
+    finding no API URL, started an API of its own on the same database, outside
+    flows/ephemeral.py (its port announced before it was bound, another local user free to take
+    it and receive the workspace's secret; left running after a kill). This process's own
+    settings are not re-read: it still treats its API as the one it started. None when a Prefect
+    API is configured, or the start failed (then Prefect's own start on the first call reports it)."""
+    thread = start_embedded_api()
+    if thread is None:
+        return None
+    thread.join()
+    from prefect.server.api.server import SubprocessASGIServer
+
+    from flows.warm import API_MARK
+
+    server = SubprocessASGIServer._instances.get(None)
+    if server is None or not server.running:
+        return None
+    os.environ["PREFECT_API_URL"] = os.environ[API_MARK] = server.api_url
+    return server.api_url
+
+
 def start_embedded_api() -> threading.Thread | None:
     """The embedded (ephemeral) Prefect API this command's first flow would start, started now.
 

@@ -17,7 +17,7 @@ import typer
 
 from flows.cli.common import (
     SCORING_PRELOAD, CliError, OutputFormat, catalog_or_exit, cli_settings, err, nightly_line, precheck, prepare_prefect,
-    print_quarantine, print_rows, progress, render, scoring_preload, user_errors, warn_uncalibrated,
+    print_quarantine, print_rows, progress, publish_outside, render, scoring_preload, user_errors, warn_uncalibrated,
 )
 from schemas.settings import Settings
 
@@ -145,7 +145,7 @@ def compare(
     axis: Annotated[str, typer.Option(help="overall, capability or eps")] = "overall",
     fmt: Annotated[OutputFormat, typer.Option("--format")] = OutputFormat.table,
 ) -> None:
-    """Paired difference A - B with its 95% bootstrap interval and P(A beats B)."""
+    """Paired difference A - B with its 95% interval (from both leaderboard intervals) and P(A beats B)."""
     with user_errors():
         if axis not in AXES:
             raise CliError(f"--axis {axis!r}: choose one of {', '.join(AXES)}")
@@ -219,6 +219,7 @@ def report(
         from tasks.report.site import build_site  # a workspace of studies only needs no EPS reference
 
         site = build_site(settings, out)
+        publish_outside(settings, out)
         err.print(f"[green]report written:[/] {site.index}  ({site.models} models, {site.studies} studies, {site.vab} VAB "
                   f"collections; open it, or `python -m http.server -d {out}`)", highlight=False, soft_wrap=True)
         if site.leaderboard_note:
@@ -450,6 +451,10 @@ def serve(
                 "serving on the embedded Prefect API (no UI; `make serve` starts a real local server)",
                 highlight=False, soft_wrap=True,
             )
+            if not url:  # the flow runs it starts use its API, on the port it bound (flows/env.py)
+                from flows.env import share_embedded_api
+
+                share_embedded_api()
             from flows.deployments import serve_deployments
 
             serve_deployments()

@@ -14,6 +14,7 @@ so that nothing passes thanks to a strict umask or a closed folder.
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import signal
@@ -34,7 +35,7 @@ IMAGEBENCH = [str(Path(sys.executable).parent / "imagebench")]
 
 # The attacker: stdlib only (Debian's python3, as the other account). It prints one JSON line per
 # event: bound / bind-failed (the port it tried) / request (method, path, Authorization header).
-#   watch PID SECONDS: wait for a uvicorn process below PID, take the port its command line shows
+#   watch PID SECONDS: for each uvicorn process below PID, take the port its command line shows
 #   port N SECONDS [hold-first]: bind N now; with hold-first, leave the first connection unanswered
 #   (what defeats a one-second "does something answer here?" check)
 SQUATTER = r'''
@@ -64,7 +65,9 @@ def below(pid, ancestor):
     return False
 
 
-def announced_port(ancestor):
+def announced_ports(ancestor):
+    """(pid, port) of every uvicorn process below ``ancestor``, from their command lines."""
+    found = []
     for name in os.listdir("/proc"):
         if not name.isdigit():
             continue
@@ -72,10 +75,10 @@ def announced_port(ancestor):
             with open(f"/proc/{name}/cmdline", "rb") as f:
                 argv = f.read().decode(errors="replace").split("\0")
             if "uvicorn" in argv and "--port" in argv and below(int(name), ancestor):
-                return int(argv[argv.index("--port") + 1])
+                found.append((int(name), int(argv[argv.index("--port") + 1])))
         except (OSError, ValueError, IndexError):
             continue
-    return None
+    return found
 
 
 def answer(conn):
@@ -125,14 +128,13 @@ def serve(port):
 if mode == "port":
     serve(int(arg))
 else:
+    tried = set()
     while time.monotonic() < deadline:
-        port = announced_port(int(arg))
-        if port:
-            serve(port)
-            break
-        time.sleep(0.005)
-    else:
-        say(event="no-port-seen")
+        for pid, port in announced_ports(int(arg)):
+            if pid not in tried:
+                tried.add(pid)
+                threading.Thread(target=serve, args=(port,), daemon=True).start()
+        time.sleep(0.02)
 '''
 
 
@@ -194,47 +196,79 @@ def _until(predicate, timeout: float, what: str):
     raise AssertionError(f"still waiting after {timeout:.0f} s: {what}")
 
 
-def _stop(proc: subprocess.Popen) -> None:
-    """SIGTERM to our own command, SIGKILL after a grace; its process group too (its servers)."""
+def _stop(proc: subprocess.Popen, grace_s: float = 60) -> None:
+    """SIGTERM to our own command, SIGKILL after ``grace_s`` (its APIs follow it: flows/ephemeral.py)."""
     if proc.poll() is None:
         proc.send_signal(signal.SIGTERM)
         try:
-            proc.wait(60)
+            proc.wait(grace_s)
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(30)
 
 
-def _secret(prefect_home: Path) -> str:
-    return (prefect_home / "api-auth").read_text().strip()
+def _secret_header(prefect_home: Path) -> dict[str, str]:
+    secret = (prefect_home / "api-auth").read_text().strip()
+    return {"Authorization": "Basic " + base64.b64encode(secret.encode()).decode()}
+
+
+def _uvicorn_ports(ancestor: int) -> list[int]:
+    """The ports the uvicorn processes below ``ancestor`` (our own) name on their command line."""
+    ports = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            pid, argv = int(stat.parent.name), (stat.parent / "cmdline").read_bytes().decode().split("\0")
+            chain = pid
+            for _ in range(30):
+                if chain in (ancestor, 0, 1):
+                    break
+                chain = int(Path(f"/proc/{chain}/stat").read_text().rsplit(")", 1)[1].split()[1])
+            if chain == ancestor and "uvicorn" in argv and "--port" in argv:
+                ports.append(int(argv[argv.index("--port") + 1]))
+        except (OSError, ValueError, IndexError):
+            continue
+    return ports
 
 
 # ---- a cold command: the embedded API's port is bound before the command line shows it ------------
 
 
 def test_a_cold_commands_api_port_is_ours_before_ps_shows_it(other_user, reachable_tmp):
-    """`imagebench serve` (embedded mode: the cheapest command that starts the API and then talks
-    to it, registering its deployments and the flow runs it serves). The squatter reads the port
-    from the uvicorn command line and binds it: it must fail, and the command serves on its own API."""
+    """`imagebench serve` on the embedded API (the cheapest command that starts the API and then
+    talks to it: it registers its deployments), then a run of its `nightly` deployment, which it
+    starts as a process of its own (Prefect's runner). The squatter reads the port of every uvicorn
+    below `serve` from its command line and binds it: each attempt fails, the flow run uses
+    `serve`'s API (it started no API of its own: it did, unguarded, its port free to take)."""
+    import httpx
+
     home = reachable_tmp / "ws"
     log = reachable_tmp / "serve.log"
     with umask(0o022), open(log, "wb") as out:
-        proc = subprocess.Popen([*IMAGEBENCH, "serve"], cwd=REPO, env=_env(home), stdout=out,
-                                stderr=subprocess.STDOUT, start_new_session=True)
-    squatter = Squatter(other_user, "watch", str(proc.pid), "600")
+        proc = subprocess.Popen([*IMAGEBENCH, "serve"], cwd=REPO, env=_env(home, PREFECT_RUNNER_POLL_FREQUENCY="1"),
+                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    squatter = Squatter(other_user, "watch", str(proc.pid), "900")
+    state = None
     try:
         _until(lambda: proc.poll() is not None or "Your deployments are being served" in log.read_text(errors="replace"),
                600, "the command serves or ends")
-        # on a stolen port the squatter would be answering now: give its requests time to land
-        served = "Your deployments are being served" in log.read_text(errors="replace")
-        time.sleep(2)
+        assert proc.poll() is None, log.read_text(errors="replace")[-3000:]
+        (port,) = _uvicorn_ports(proc.pid)
+        api, auth = f"http://127.0.0.1:{port}/api", _secret_header(home / "prefect")
+        nightly = httpx.get(f"{api}/deployments/name/nightly/nightly", headers=auth, timeout=60).json()
+        run = httpx.post(f"{api}/deployments/{nightly['id']}/create_flow_run", json={}, headers=auth, timeout=60).json()
+
+        def final():
+            got = httpx.get(f"{api}/flow_runs/{run['id']}", headers=auth, timeout=60).json()["state"]
+            return got if got and got["type"] in ("COMPLETED", "FAILED", "CRASHED", "CANCELLED") else None
+
+        state = _until(final, 600, "the served flow run ends")  # a nightly without a reference fails
     finally:
-        _stop(proc)
+        _stop(proc, grace_s=10)  # not what is tested here (after a run, Prefect's runner takes minutes)
         events = squatter.stop()
     assert not squatter.secrets_received(), f"the secret reached the other user's listener: {events}"
-    (tried,) = [e for e in events if e["event"] in ("bound", "bind-failed")]
-    assert tried["event"] == "bind-failed", events  # it saw the port, and could not take it
-    assert served, log.read_text(errors="replace")[-3000:]
+    tried = [e for e in events if e["event"] in ("bound", "bind-failed")]
+    assert [e["event"] for e in tried] == ["bind-failed"], events  # it saw the port, and could not take it
+    assert state["type"] == "FAILED", state
 
 
 def test_a_port_taken_between_prefects_choice_and_our_bind_is_left_with_one_line(other_user, reachable_tmp):
