@@ -101,8 +101,9 @@ MODEL_SCORES = pa.schema(
         pa.field("images_missing", pa.int32(), nullable=False),
         pa.field("complete", pa.bool_(), nullable=False),
         pa.field("uncalibrated", pa.bool_(), nullable=False),
-        # 95% paired-bootstrap interval of EPS (resampling prompts with a fixed seed, so each
-        # model's interval depends only on its own data).
+        # 95% interval of EPS from the paired bootstrap's variance, on the logit scale (resampling
+        # prompts with a fixed seed, so each model's interval depends only on its own data;
+        # docs/STATISTICS.md section 4). Capability's interval is Wilson's.
         pa.field("eps_lo", pa.float64(), nullable=False),
         pa.field("eps_hi", pa.float64(), nullable=False),
         # Capability: 100 * PASS / (PASS + FAIL); missing/quarantined images are FAIL; ERROR,

@@ -6,10 +6,12 @@ judge x image). docs/BEAUTY.md ("Analysis") has the methods and the reasons; in 
 - ``yes_rates``: per (tool, prompt), % of the judges who answered that image who said yes.
 - ``beauty_index``: per tool, the mean over the study's prompts of those % yes (every prompt
   weighs the same whatever its number of answers), overall (panel_group "all") and per panel
-  group, with percentile intervals from a two-way cluster bootstrap: each resample draws the
+  group, with intervals from the variance of a two-way cluster bootstrap: each resample draws the
   prompts with replacement AND, independently, the judges with replacement within their declared
   panel group (the panel's composition is part of the design), so both sources of sampling
-  noise are in the interval (Owen 2007, "the pigeonhole bootstrap").
+  noise are in the interval (Owen 2007, "the pigeonhole bootstrap"); the interval is a logit-scale
+  one that stays valid at 0% and 100% (tasks/scores/intervals.py: a tool every judge said yes to
+  gets the Wilson interval of its answers, not [100, 100]).
 - ``test_hypotheses``: H1-H5 of the published protocol, each with a test, an effect size, an
   interval, a p-value, its Holm-adjusted p-value across the five and a verdict.
 
@@ -30,6 +32,7 @@ import numpy as np
 import pyarrow as pa
 
 from schemas.study import HYPOTHESES, STUDY_ANSWERS, STUDY_INDEX, STUDY_RATES, AnalysisSettings, PreRegistration
+from tasks.scores.intervals import bounded_mean_interval
 
 __all__ = [
     "APHANTASIA_GROUP",
@@ -227,6 +230,23 @@ def _percentile_interval(draws: np.ndarray, confidence: float) -> tuple[np.ndarr
     return lo, hi
 
 
+def _index_interval(observed: np.ndarray, draws: np.ndarray, answers: np.ndarray, confidence: float) -> tuple[np.ndarray, np.ndarray]:
+    """Per tool, in points: the logit-scale interval of the index from the variance of its cluster
+    bootstrap draws (defined resamples only), valid at 0% and 100%: where the draws show no spread
+    (every answer yes, or every answer no) the Wilson interval of the tool's answers. NaN where
+    the tool has no index (no answers in the group) or fewer than two defined draws."""
+    ok = ~np.isnan(draws)
+    n = ok.sum(axis=0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        mean = np.where(ok, draws, 0.0).sum(axis=0) / n
+        var = np.where(ok, (draws - mean) ** 2, 0.0).sum(axis=0) / (n - 1) / 1e4  # on the 0-1 scale
+    defined = ~np.isnan(observed) & (n >= 2)
+    est = np.where(defined, np.clip(observed / 100.0, 0.0, 1.0), np.nan)
+    lo, hi = bounded_mean_interval(est, np.where(defined, var, np.nan), np.maximum(answers, 1.0), confidence)
+    # Logit and Wilson intervals hold their estimate; min/max only absorb the last bits.
+    return np.minimum(100.0 * lo, observed), np.maximum(100.0 * hi, observed)
+
+
 def _ranks(values: np.ndarray) -> np.ndarray:
     """Competition ranks, 1 = highest; ties share the best rank; NaN gets rank 0 (no rank)."""
     out = np.zeros(values.shape, dtype=np.int64)
@@ -244,8 +264,9 @@ def beauty_index(
     confidence: float = DEFAULT_CONFIDENCE,
 ) -> pa.Table:
     """Schema ``STUDY_INDEX``: one row per tool with panel_group "all", then one row per (tool,
-    panel group). ``beauty_index`` is 0-100; the interval is the two-way cluster bootstrap's
-    percentile interval; ``rank`` 1 = best within the row's panel group (ties share a rank).
+    panel group). ``beauty_index`` is 0-100; the interval comes from the two-way cluster
+    bootstrap's variance (:func:`_index_interval`); ``rank`` 1 = best within the row's panel group
+    (ties share a rank).
     ``simulated``: None reads it from the answers' ``source`` column."""
     if not 0.0 < confidence < 1.0:
         raise ValueError(f"confidence must be in (0, 1), got {confidence}")
@@ -257,13 +278,10 @@ def beauty_index(
     for group in (ALL_GROUPS, *panel.groups):
         mask = None if group == ALL_GROUPS else (groups == group).astype(float)
         observed = _observed_index(panel, mask)
-        lo, hi = _percentile_interval(_index_draws(panel, weights, mask), confidence)
-        # With very few answers a percentile interval can exclude the estimate; it is widened to
-        # hold it (docs/BEAUTY.md) so every interval reads "estimate [lo, hi]".
-        lo, hi = np.minimum(lo, observed), np.maximum(hi, observed)  # NaN stays NaN
-        ranks = _ranks(observed)
         seen = panel.seen if mask is None else panel.seen * mask[:, None, None]
         counts = seen.sum(axis=(0, 2))
+        lo, hi = _index_interval(observed, _index_draws(panel, weights, mask), counts, confidence)
+        ranks = _ranks(observed)
         for t, tool in enumerate(panel.tools):
             defined = not math.isnan(observed[t])
             rows["study_id"].append(panel.study_id)

@@ -18,11 +18,16 @@ Pure functions over sequences and numpy arrays, float64 everywhere, no I/O. The 
 Intervals come from ONE bootstrap over the suite's prompts (:func:`bootstrap_draws`): each resample
 draws ``P`` prompt indices with replacement out of all ``P`` prompts, the same indices for every
 model and for every axis. In a resample, Capability is passes / decided among the drawn prompts,
-EPS the mean of ``e`` over the drawn prompts that are EPS-eligible, Overall their average. The
-interval is the percentile interval of those resampled values (``scipy.stats.bootstrap``,
-``paired=True``, ``method="percentile"``). The index draws depend only on ``P``, the number of
+EPS the mean of ``e`` over the drawn prompts that are EPS-eligible, Overall their average
+(``scipy.stats.bootstrap``, ``paired=True``). The index draws depend only on ``P``, the number of
 resamples and the seed, never on the other models, so a model's intervals depend only on its own
 data (bit for bit: every reduction runs one model at a time).
+
+The intervals stay valid at 0% and 100% (tasks/scores/intervals.py): Capability is the Wilson
+score interval of PASS / decided; EPS and Overall are Wilson intervals with the effective sample
+size of their bootstrap variance, Overall's Capability half never less variable than its Wilson
+interval says; ``compare`` combines the two models' intervals with the correlation of their paired
+draws (MOVER). A percentile interval would claim certainty from 15 PASS of 15 ([100, 100]).
 
 NaN rules: a score is NaN when its denominator is 0 (no decided verdict; no eligible prompt). A
 resample in which a model's Capability is undefined (no decided prompt drawn) is left out of that
@@ -44,6 +49,7 @@ import scipy.stats
 from schemas.judges import VERDICTS
 from schemas.lake import IMAGE_STATES
 from tasks.scores.eps import sigmoid
+from tasks.scores.intervals import bounded_mean_interval, mover_difference, nan_correlation, wilson, wilson_variance
 
 __all__ = [
     "AXES",
@@ -308,7 +314,7 @@ class BootstrapDraws:
     models: tuple[str, ...]
     estimate: np.ndarray  # (3, M) point estimates
     draws: np.ndarray  # (3, M, n_resamples) resampled scores, NaN where undefined
-    ci: np.ndarray  # (3, M, 2) percentile intervals (lo, hi)
+    ci: np.ndarray  # (3, M, 2) intervals (lo, hi): Wilson / effective-size Wilson (_intervals)
     confidence: float
     seed: int
 
@@ -406,30 +412,45 @@ def _point(pv: np.ndarray, ev: np.ndarray) -> np.ndarray:
     return np.array([cap, eps_, 0.5 * cap + 0.5 * eps_], dtype=np.float64)
 
 
-def _percentile_ci(res: Any, confidence: float) -> np.ndarray:
-    """(…, 2) percentile interval from a scipy BootstrapResult; rows with NaN draws use the
-    defined draws only (all NaN -> NaN). Rows without NaN are scipy's interval unchanged."""
-    lo = np.array(res.confidence_interval.low, dtype=np.float64)
-    hi = np.array(res.confidence_interval.high, dtype=np.float64)
-    dist = res.bootstrap_distribution
-    has_nan = np.isnan(dist).any(axis=-1)
-    if has_nan.any():
-        alpha = (1.0 - confidence) / 2.0  # exactly as scipy.stats.bootstrap computes it
-        probs = np.array([alpha, 1.0 - alpha], dtype=np.float64)
-        q = scipy.stats.quantile(dist[has_nan], probs, axis=-1, nan_policy="omit")
-        lo[has_nan] = q[..., 0]
-        hi[has_nan] = q[..., 1]
-    return np.stack([lo, hi], axis=-1)
+def _nan_variance(values: np.ndarray) -> np.ndarray:
+    """Variance over the last axis of the defined entries (NaN where fewer than two)."""
+    ok = ~np.isnan(values)
+    n = ok.sum(axis=-1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        mean = np.where(ok, values, 0.0).sum(axis=-1) / n
+        dev = np.where(ok, values - mean[..., None], 0.0)
+        return np.where(n >= 2, (dev * dev).sum(axis=-1) / (n - 1), np.nan)
 
 
-def _paired_bootstrap(
-    data: tuple[np.ndarray, ...], statistic: Any, n_resamples: int, confidence: float, seed: int
-) -> tuple[np.ndarray, np.ndarray]:
-    """scipy.stats.bootstrap over the prompt axis (last), paired, percentile. Returns the
-    bootstrap distribution and the interval (…, 2)."""
+def _intervals(pv: np.ndarray, elig: np.ndarray, estimate: np.ndarray, draws: np.ndarray, confidence: float) -> np.ndarray:
+    """(3, M, 2) intervals, in points, that stay valid at 0 and 100 (docs/STATISTICS.md section 4).
+
+    Capability: Wilson of PASS / decided. EPS: Wilson with the effective size of its bootstrap
+    variance, over the eligible prompts (their number where the draws show no spread). Overall:
+    the same over all prompts, its bootstrap variance raised by the Capability half's shortfall
+    against its Wilson variance (a model with every decided prompt PASS has a Capability that
+    never moves in a resample). A bootstrap variance of a mean over n prompts is the plug-in
+    s^2 (n-1)/n / n: scaled by n/(n-1), with n-1 degrees of freedom."""
+    decided = ~np.isnan(pv)
+    cap = np.stack(wilson(np.where(decided, pv, 0.0).sum(axis=-1), decided.sum(axis=-1), confidence), axis=-1)
+    var = _nan_variance(draws / 100.0)  # (3, M)
+    est = np.clip(estimate / 100.0, 0.0, 1.0)  # the last bits of an fsum may leave [0, 1]
+    n_eps, n_all = int(elig.sum()), pv.shape[-1]
+    eps = np.stack(bounded_mean_interval(est[1], var[1] * n_eps / max(1, n_eps - 1), n_eps, confidence,
+                                    df=max(1, n_eps - 1)), axis=-1)
+    shortfall = np.maximum(0.0, wilson_variance(cap[:, 0], cap[:, 1], confidence) - np.nan_to_num(var[0]))
+    overall_var = np.nan_to_num(var[2]) * n_all / (n_all - 1) + 0.25 * shortfall
+    overall = np.stack(bounded_mean_interval(est[2], np.where(np.isnan(est[2]), np.nan, overall_var), n_all,
+                                        confidence, df=n_all - 1), axis=-1)
+    return 100.0 * np.stack([cap, eps, overall])
+
+
+def _paired_bootstrap(data: tuple[np.ndarray, ...], statistic: Any, n_resamples: int, seed: int) -> np.ndarray:
+    """scipy.stats.bootstrap over the prompt axis (last), paired: the bootstrap distribution
+    (its own percentile interval is not used: :func:`_intervals`)."""
     with warnings.catch_warnings():
-        # scipy warns when an interval is NaN (a model whose score is undefined in some
-        # resamples); _percentile_ci recomputes those from the defined resamples.
+        # scipy warns when its percentile interval is NaN (a model whose score is undefined in
+        # some resamples); that interval is not used.
         warnings.simplefilter("ignore", scipy.stats.DegenerateDataWarning)
         res = scipy.stats.bootstrap(
             data,
@@ -439,12 +460,10 @@ def _paired_bootstrap(
             vectorized=True,
             paired=True,
             axis=-1,
-            confidence_level=confidence,
             method="percentile",
             rng=np.random.default_rng(seed),
         )
-    dist = np.asarray(res.bootstrap_distribution, dtype=np.float64)
-    return dist, _percentile_ci(res, confidence)
+    return np.asarray(res.bootstrap_distribution, dtype=np.float64)
 
 
 def bootstrap_draws(
@@ -497,13 +516,13 @@ def bootstrap_draws(
         assert axis == -1
         return _scores(p, np.ascontiguousarray(e))
 
-    dist, ci = _paired_bootstrap((pv, ev), statistic, n_resamples, float(confidence), int(seed))
+    dist = _paired_bootstrap((pv, ev), statistic, n_resamples, int(seed))
     estimate = np.stack([_point(pv[m], ev[m]) for m in range(len(names))], axis=1)
     return BootstrapDraws(
         models=tuple(names),
         estimate=estimate,
         draws=dist,
-        ci=ci,
+        ci=_intervals(pv, elig, estimate, dist, float(confidence)),
         confidence=float(confidence),
         seed=int(seed),
     )
@@ -519,8 +538,8 @@ def bootstrap_scores(
     confidence: float = DEFAULT_CONFIDENCE,
     seed: int = DEFAULT_SEED,
 ) -> dict[str, Intervals]:
-    """Percentile intervals of Capability, EPS and Overall per model, from the joint paired
-    bootstrap (:func:`bootstrap_draws`, same arguments). ``{model: Intervals}`` in input order."""
+    """Intervals of Capability, EPS and Overall per model, from the joint paired bootstrap
+    (:func:`bootstrap_draws`, same arguments). ``{model: Intervals}`` in input order."""
     return bootstrap_draws(
         models, pass_matrix, eps_matrix, eligible, n_resamples=n_resamples, confidence=confidence, seed=seed
     ).intervals()
@@ -564,7 +583,7 @@ def rank_bands(intervals: Mapping[str, tuple[float, float]]) -> dict[str, tuple[
 class Comparison:
     axis: str
     diff: float  # score(A) - score(B) on the whole suite
-    ci: tuple[float, float]  # percentile interval of the paired bootstrap difference
+    ci: tuple[float, float]  # MOVER interval of the difference (the two intervals, the draws' correlation)
     p_a_beats_b: float  # share of resamples with A > B, ties counting half
     n_resamples: int  # resamples in which both scores are defined (those counted above)
 
@@ -596,10 +615,12 @@ def compare(
     all). ``axis="overall"``: each is a pair ``(pass values, eps contributions)`` over all P
     prompts, with ``eligible`` the (P,) mask.
 
-    The difference is bootstrapped with ``scipy.stats.bootstrap(paired=True,
-    method="percentile")``: each resample draws the same prompts for A and B. With the same P,
-    seed and number of resamples the draws are those of :func:`bootstrap_draws`, so
-    ``compare`` agrees exactly with the joint leaderboard bootstrap. Resamples where either
+    Both models are bootstrapped with ``scipy.stats.bootstrap(paired=True)``: each resample draws
+    the same prompts for A and B. With the same P, seed and number of resamples the draws are those
+    of :func:`bootstrap_draws`, so each model's interval is its leaderboard interval. The
+    difference's interval combines those two intervals with the correlation of the paired draws
+    (MOVER, docs/STATISTICS.md section 7): valid at 0 and 100, and above 0 whenever the two
+    intervals are separated. ``p_a_beats_b`` is read off the paired draws; resamples where either
     score is undefined are left out. Raises ``ValueError`` on an unknown axis or bad inputs."""
     if axis not in AXES:
         raise ValueError(f"unknown axis {axis!r} (known: {', '.join(AXES)})")
@@ -635,20 +656,24 @@ def compare(
         pa: np.ndarray, ea: np.ndarray, pb: np.ndarray, eb: np.ndarray, axis: int = -1
     ) -> np.ndarray:
         assert axis == -1
-        return _scores(pa, ea)[k] - _scores(pb, eb)[k]
+        return np.stack([_scores(pa, ea), _scores(pb, eb)], axis=1)  # (3, 2, batch)
 
-    est_a, est_b = _point(data[0], data[1])[k], _point(data[2], data[3])[k]
+    point = np.stack([_point(data[0], data[1]), _point(data[2], data[3])], axis=1)  # (3, 2)
+    est_a, est_b = float(point[k, 0]), float(point[k, 1])
     if math.isnan(est_a) or math.isnan(est_b):
         raise ValueError(f"{axis} is undefined for {'A' if math.isnan(est_a) else 'B'} (nothing decided)")
-    dist, ci = _paired_bootstrap(tuple(data), statistic, n_resamples, float(confidence), int(seed))
-    ok = dist[~np.isnan(dist)]
+    dist = _paired_bootstrap(tuple(data), statistic, n_resamples, int(seed))  # (3, 2, n_resamples)
+    diff = dist[k, 0] - dist[k, 1]
+    ok = diff[~np.isnan(diff)]
     if ok.size == 0:
         raise ValueError(f"{axis} difference undefined in every resample")
     p = (np.count_nonzero(ok > 0.0) + 0.5 * np.count_nonzero(ok == 0.0)) / ok.size
+    ci = _intervals(np.stack([data[0], data[2]]), elig, point, dist, float(confidence))[k]  # (2, 2): A, B
+    lo, hi = mover_difference(est_a, tuple(ci[0]), est_b, tuple(ci[1]), nan_correlation(dist[k, 0], dist[k, 1]), 100.0)
     return Comparison(
         axis=axis,
         diff=float(est_a - est_b),
-        ci=(float(ci[0]), float(ci[1])),
+        ci=(float(lo), float(hi)),
         p_a_beats_b=float(p),
         n_resamples=int(ok.size),
     )

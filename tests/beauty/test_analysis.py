@@ -248,7 +248,8 @@ def test_one_answer_analyses_and_says_why_each_hypothesis_is_not_tested():
     answers = answers_table([("j1", "photographers", "a", "p1", True)])
     assert A.yes_rates(answers).to_pylist()[0]["yes_rate"] == 100.0
     (row, *_), = [A.beauty_index(answers, resamples=100).to_pylist()]
-    assert row["beauty_index"] == 100.0 and row["rank"] == 1 and row["beauty_index_lo"] == 100.0
+    assert row["beauty_index"] == 100.0 and row["rank"] == 1 and row["beauty_index_hi"] == 100.0
+    assert row["beauty_index_lo"] == pytest.approx(20.65, abs=0.01)  # one yes is no certainty: Wilson of 1 of 1
     results = A.test_hypotheses(answers, prereg(host="a", praised=("a",)), mixed_resamples=5)
     by = {r.hypothesis: r for r in results}
     assert by["H3"].verdict == "not tested" and "two tools, two prompts and two judges" in by["H3"].detail
