@@ -28,6 +28,7 @@ import socket  # noqa: E402
 import subprocess  # noqa: E402
 
 from flows import stopping, warm  # noqa: E402
+from tasks.store import private  # noqa: E402  (standard library only)
 
 # The exit status of a command run in this process; set, the process ends after the exit handlers
 # without the interpreter's teardown (see _end_without_teardown).
@@ -210,6 +211,7 @@ def _end_without_teardown() -> None:
 
 def main() -> None:
     global _cold_status
+    private.enter_private()  # umask 077 before anything is created; the caller's kept for the warm child
     argv = sys.argv[1:]
     to_start = None  # the key of the server this command starts as it ends
     if warm.mode() != "off" and warm.command_of(argv) in warm.WARM_COMMANDS and "--help" not in argv:

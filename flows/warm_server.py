@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 from flows import stopping, warm
+from tasks.store import private
 
 log = logging.getLogger("imagebench.warm")
 
@@ -696,6 +697,7 @@ def _starting_lock(key: str, fd: int | None) -> tuple[int | None, str | None]:
 
 
 def main(argv: list[str]) -> int:
+    private.enter_private()  # its commands and Prefect APIs inherit umask 077 (tasks/store/private.py)
     key, after, starting_fd = _arguments(argv)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
     log.setLevel(logging.INFO)

@@ -23,6 +23,7 @@ DEFAULT_SUITE_VERSION = "imagebench-v1"
 # `imagebench reference build --version v1 --baseline baseline.txt` (see docs/REFERENCE.md).
 DEFAULT_REFERENCE_VERSION = "v1"
 VERSION_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+GROUP_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,31}\$?")  # useradd's rule, or a gid
 
 
 WORKSPACE_SETTINGS_FILE = "imagebench.yaml"  # in the workspace (<home>), below env and IMAGEBENCH_CONFIG
@@ -159,6 +160,12 @@ class Settings(RunnerSettings):
     prefect_port: int = Field(default=4200, ge=1, le=65535)
     # A second run touching a model another run is scoring waits this long for it, then refuses.
     model_lock_wait_s: float = Field(default=0.0, ge=0)
+    # The lake's own locks (compaction, partitions): a wait longer than this ends, naming the holder
+    # (tasks/store/lockfile.py). A catalog refresh of a large lake holds the compaction lock for minutes.
+    lake_lock_wait_s: float = Field(default=600.0, ge=0)
+    # A Unix group whose members may read the lake and the catalog (nothing else of the workspace:
+    # tasks/store/private.py); None = the workspace is its owner's alone.
+    share_group: str | None = None
     # Beauty Index panel (tasks/beauty/store.py): None = SQLite (WAL) in each study's folder; a
     # SQLAlchemy URL (postgresql+psycopg://...) when several panel servers share one database.
     panel_database: str | None = None
@@ -178,6 +185,13 @@ class Settings(RunnerSettings):
         # Versions become file names (suite-<v>.jsonl, eps-reference-<v>.json) and SQL literals.
         if not VERSION_RE.fullmatch(v):
             raise ValueError(f"{v!r} is not a valid version name (letters, digits, '.', '_', '-'; at most 64)")
+        return v
+
+    @field_validator("share_group")
+    @classmethod
+    def _group_is_a_name(cls, v: str | None) -> str | None:
+        if v is not None and not GROUP_RE.fullmatch(v):
+            raise ValueError(f"{v!r} is not a Unix group name or number")
         return v
 
     @field_validator("home", "reference_dir")

@@ -27,6 +27,7 @@ from flows.cli.study import study_app
 from flows.cli.vab import vab_app
 from flows.cli.vab_people import vab_panel_app
 from flows.cli.warm import warm_app
+from tasks.store import private
 
 app = typer.Typer(
     name="imagebench",
@@ -65,4 +66,5 @@ app.add_typer(warm_app, name="warm")
 
 
 def main() -> None:
+    private.enter_private()  # `python -m flows.cli` too: new files 0600, folders 0700 (tasks/store/private.py)
     app()

@@ -371,7 +371,7 @@ def _home_or_none() -> Path | None:
 
 def cli_settings() -> Settings:
     try:
-        return load_settings()
+        settings = load_settings()
     except Exception as exc:  # pydantic ValidationError on a bad IMAGEBENCH_* value
         from pydantic import ValidationError
         from rich.markup import escape
@@ -381,6 +381,35 @@ def cli_settings() -> Settings:
         text = describe_invalid(exc) if isinstance(exc, ValidationError) else str(exc)
         err.print(f"[bold red]error:[/] invalid setting: {escape(text)}", highlight=False, soft_wrap=True)
         raise typer.Exit(2) from None
+    secure_workspace(settings)
+    return settings
+
+
+def secure_workspace(settings: Settings) -> None:
+    """The workspace its owner's alone (or its lake and catalog open to IMAGEBENCH_SHARE_GROUP), a
+    workspace left open said in one line, one of another user refused; the lake's lock waits
+    bounded by IMAGEBENCH_LAKE_LOCK_WAIT_S (tasks/store/private.py, tasks/store/lockfile.py)."""
+    from rich.markup import escape
+
+    from tasks.store import lockfile, private
+
+    lockfile.set_lake_lock_wait(settings.lake_lock_wait_s)
+    try:
+        said = private.secure_workspace(settings.home, settings.lake_dir, settings.catalog_path, settings.share_group)
+    except (private.WorkspaceRefused, OSError) as exc:  # nothing is written there, not even the log
+        err.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
+        raise typer.Exit(1) from None
+    for line in said:
+        err.print(f"[yellow]imagebench: {escape(line)}[/]", highlight=False, soft_wrap=True)
+
+
+def publish_outside(settings: Settings, path: Path) -> None:
+    """An output written where the person asked, outside the workspace (a report site, a bundle):
+    the modes their own umask gives, not the workspace's 0600 (tasks/store/private.py)."""
+    from tasks.store import private
+
+    if not private.inside(path, settings.home):
+        private.publish_tree(path)
 
 
 def precheck(settings: Settings, model: str | None = None, objects: bool = False) -> None:
@@ -429,6 +458,7 @@ def prepare_prefect(settings: Settings, quiet: bool = True, preload: Sequence[st
     from flows.env import prepare_prefect_env, start_embedded_api
 
     prepare_prefect_env(settings.home)
+    secure_workspace(settings)  # a workspace just created: its share group's lake from the first command
     # Prefect's logging first: set up later, it sees our file handler on the root logger, takes
     # it for the user's and drops its own console handler (no flow log in the terminal at all).
     from prefect.logging.configuration import PROCESS_LOGGING_CONFIG, setup_logging

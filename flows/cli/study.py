@@ -13,7 +13,7 @@ from typing import Annotated, Optional
 import typer
 
 from flows.cli.common import (
-    CliError, OutputFormat, catalog_or_exit, cli_settings, err, prepare_prefect, render, user_errors,
+    CliError, OutputFormat, catalog_or_exit, cli_settings, err, prepare_prefect, publish_outside, render, user_errors,
 )
 
 study_app = typer.Typer(help="Beauty Index studies: init, open (blind + pre-register + links), status, close.",
@@ -257,6 +257,7 @@ def study_export(
         from tasks.beauty.export import export_study
 
         path = export_study(settings, study, out or settings.home / "exports" / study)
+        publish_outside(settings, path)
         err.print(f"[green]bundle written:[/] {path} (check it with: cd {path} && sha256sum -c SHA256SUMS)",
                   highlight=False, soft_wrap=True)
 

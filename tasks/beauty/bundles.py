@@ -215,7 +215,7 @@ def _write_study(bundle: Bundle, d: Path, definition: StudyDefinition, answers: 
                                 f"{bundle.sums_sha256}); judges are placeholders for the bundle's judge ids\n"
                                 + yaml.safe_dump(definition.model_dump(mode="json"), sort_keys=False), encoding="utf-8")
     (d / PREREG_FILE).write_bytes(bundle.prereg_bytes)
-    os.chmod(d / PREREG_FILE, 0o444)
+    os.chmod(d / PREREG_FILE, 0o400)  # read-only, and private as the whole workspace (issue 24 item 2)
     with open(d / SUMS_FILE, "a", encoding="utf-8") as fh:
         fh.write(f"{hashlib.sha256(bundle.prereg_bytes).hexdigest()}  {PREREG_FILE}\n")
     (d / IMPORTED_MARKER).write_text(json.dumps({

@@ -264,7 +264,8 @@ def export_study(settings, study_id: str, out: Path) -> Path:
             f"{hashlib.sha256(p.read_bytes()).hexdigest()}  {p.relative_to(tmp).as_posix()}\n" for p in files))
         if out.exists():
             shutil.rmtree(out)
-        tmp.chmod(0o755)  # mkdtemp makes it 0700; a bundle is for publishing
+        # mkdtemp makes it 0700, as the rest of the workspace; written outside it, the command gives
+        # the bundle the modes of its user's umask (flows/cli/common.py publish_outside).
         os.replace(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

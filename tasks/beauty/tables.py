@@ -9,7 +9,6 @@ refresh. No torch, Prefect or GX here: `study leaderboard` and `sql` read throug
 from __future__ import annotations
 
 import contextlib
-import fcntl
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,6 +17,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from schemas.study import STUDY_ID_RE, STUDY_TABLES
+from tasks.store import lockfile
 from tasks.lake.tables import DATA_FILE, Lake, LakeSchemaError, _atomic_write_parquet, conform
 
 STUDY_PARTITION_PREFIX = "study_id="
@@ -38,12 +38,8 @@ def partition_path(lake: Lake, table: str, study_id: str) -> Path:
 @contextlib.contextmanager
 def _locked(path: Path) -> Iterator[None]:
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path.parent / ".lock", "a+") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
+    with lockfile.lake_lock(path.parent / ".lock", f"the lock of lake partition {path.parent.parent.name}/{path.parent.name}"):
+        yield
 
 
 def write_study_partition(lake: Lake, table: str, study_id: str, data: Any) -> Path:

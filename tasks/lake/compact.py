@@ -28,7 +28,6 @@ Importing this module must stay cheap (no torch, prefect or great_expectations).
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import logging
 import os
@@ -43,6 +42,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from tasks.store import lockfile, private
 from tasks.store.durable import fsync_dir
 
 logger = logging.getLogger(__name__)
@@ -104,21 +104,11 @@ def _gens(parent: Path) -> list[int]:
     return sorted(out)
 
 
-@contextlib.contextmanager
-def _flock(path: Path, exclusive: bool) -> Iterator[None]:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a+") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
-
-
 def _gens_lock(root: Path, exclusive: bool):
     """Writers hold it shared while linking into the fresh directories; a compaction holds it
-    exclusively only while creating or removing generation directories."""
-    return _flock(root / COMPACT_DIR / ".gens.lock", exclusive)
+    exclusively only while creating or removing generation directories. Private and bounded
+    (tasks/store/lockfile.py: ``IMAGEBENCH_LAKE_LOCK_WAIT_S``, then the holder is named)."""
+    return lockfile.lake_lock(root / COMPACT_DIR / ".gens.lock", "the lake's generations lock", exclusive)
 
 
 def write_parquet_file(table: pa.Table, final: Path, fsync: bool = True) -> None:
@@ -127,6 +117,7 @@ def write_parquet_file(table: pa.Table, final: Path, fsync: bool = True) -> None
     tmp = final.parent / f".{final.name}.{uuid.uuid4().hex}.tmp"
     try:
         pq.write_table(table, tmp, compression=COMPRESSION)
+        private.settle(tmp)  # the lake's share group reads it (IMAGEBENCH_SHARE_GROUP), else private
         if fsync:
             fd = os.open(tmp, os.O_RDONLY)
             try:
@@ -149,6 +140,7 @@ def _link_or_copy(src: Path, dst: Path) -> None:
             os.link(src, tmp)
         except OSError:
             shutil.copyfile(src, tmp)
+            private.settle(tmp)
         os.replace(tmp, dst)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
@@ -179,7 +171,7 @@ def publish(root: Path, table: str, model_id: str, path: Path | None, num_rows: 
         return
     try:
         _publish(root, parent, table, model_id, path, num_rows)
-    except OSError as exc:  # the file itself is published; the next refresh finds it by stat
+    except (OSError, lockfile.LockBusy) as exc:  # the file itself is published; the next refresh finds it by stat
         logger.warning("%s: could not link %s into the catalog's fresh files (%s); it shows after the next "
                        "catalog refresh", table, model_id, exc)
 
@@ -195,6 +187,7 @@ def _publish(root: Path, parent: Path, table: str, model_id: str, path: Path | N
             if src is None:
                 tomb = parent / f".tomb-{model_id}.{uuid.uuid4().hex}.tmp"
                 pq.write_table(_tombstone_table(model_id), tomb)
+                private.settle(tomb)
                 src = tomb
             for gen in gens:
                 _link_or_copy(src, fresh_dir(root, table, gen) / f"{model_id}.parquet")
@@ -404,6 +397,7 @@ class Compaction:
         path = self.root / COMPACT_DIR / STATE_FILE
         tmp = path.parent / f".{path.name}.{uuid.uuid4().hex}.tmp"
         tmp.write_text(json.dumps(state, separators=(",", ":")))
+        private.settle(tmp)
         os.replace(tmp, path)
 
     def remove_old(self) -> None:
@@ -440,7 +434,7 @@ def compacted(lake, tables: dict[str, pa.Schema], full: bool = False) -> Iterato
     committed and what neither this nor the previous generation reads is removed; on error the
     new generation is removed and the previous catalog stays valid. Compactions of one lake are
     serialised by a lock."""
-    with _flock(lake.root / COMPACT_DIR / ".refresh.lock", exclusive=True):
+    with lockfile.lake_lock(lake.root / COMPACT_DIR / ".refresh.lock", "the lake's compaction lock"):
         c = Compaction(lake, tables, full)
         try:
             c.open_generation()

@@ -18,7 +18,6 @@ no torch, prefect or great_expectations here.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import os
 import re
 import uuid
@@ -35,6 +34,7 @@ import pyarrow.parquet as pq
 from schemas.lake import REGISTRY_TABLES, RUN_TABLES, RUNS, TABLES
 from schemas.study import STUDY_TABLES  # partitioned by study_id=<id> (tasks/beauty/tables.py)
 from schemas.vab import VAB_TABLES  # partitioned by sets=<S> (tasks/vab/tables.py)
+from tasks.store import lockfile, private
 from tasks.store.durable import fsync_dir
 from tasks.lake import compact
 from tasks.lake.layout import DATA_FILE, PARTITION_PREFIX
@@ -183,12 +183,8 @@ class Lake:
         read-modify-write in :meth:`replace_rows` safe against concurrent writers."""
         part = self.partition_path(table, model_id).parent
         part.mkdir(parents=True, exist_ok=True)
-        with open(part / ".lock", "a+") as fh:
-            fcntl.flock(fh, fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(fh, fcntl.LOCK_UN)
+        with lockfile.lake_lock(part / ".lock", f"the lock of lake partition {table}/{model_id}"):
+            yield
 
     # writes --------------------------------------------------------------------------------
     def ensure_schema_file(self, table: str) -> Path:
@@ -392,6 +388,7 @@ class Lake:
             os.replace(src, dest)
             compact.publish(self.root, table, model_id, None, 0)  # its fresh links go: a tombstone hides its rows
         dest.with_suffix(".reason.txt").write_text(reason + "\n")
+        private.settle(dest.with_suffix(".reason.txt"))
         fsync_dir(src.parent)
         return dest
 
@@ -663,6 +660,7 @@ def _write_catalog(lake: Lake, catalog: Path, suite: Suite, reference_version: s
         # against the new file.
         with contextlib.suppress(FileNotFoundError):
             Path(str(catalog) + ".wal").unlink()
+        private.settle_like(tmp, lake.root)  # the lake's share group reads the catalog too (IMAGEBENCH_SHARE_GROUP)
         os.replace(tmp, catalog)
     except BaseException:
         for p in (tmp, tmp_wal):

@@ -205,7 +205,7 @@ def write_once_read_only(path: Path, data: bytes) -> None:
         os.link(tmp, path)
     finally:
         os.unlink(tmp)
-    os.chmod(path, 0o444)
+    os.chmod(path, 0o400)  # read-only, and private as the whole workspace (issue 24 item 2)
 
 
 def write_record(study_dir: Path, url: str | URL, store_id: str) -> PanelStoreRecord:

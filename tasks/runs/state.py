@@ -15,7 +15,6 @@ contended between a live run and a reader.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import logging
 import threading
 import time
@@ -23,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from tasks.runs.record import RunRecord
+from tasks.store import lockfile
 
 RUNNING, CRASHED = "running", "crashed"
 CHECKPOINT_MIN_S = 1.0  # between two unforced checkpoint writes (each is an fsynced Parquet file)
@@ -32,24 +32,16 @@ def lease_path(home: Path, run_id: str) -> Path:
     return Path(home) / "locks" / "runs" / f"{run_id}.lock"
 
 
-def _try_lock(path: Path):
-    """An open file holding an exclusive flock on ``path``, or None when another holds it."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fh = open(path, "a+")
-    try:
-        fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        fh.close()
-        return None
-    return fh
+def _try_lock(path: Path) -> int | None:
+    """A descriptor holding an exclusive flock on ``path`` (a private lock file: no other user
+    can hold a lease and make a dead run look alive), or None when another holds it."""
+    return lockfile.try_acquire(path)
 
 
-def _unlock(fh, path: Path) -> None:
+def _unlock(fd: int, path: Path) -> None:
     with contextlib.suppress(OSError):
-        path.unlink()
-    with contextlib.suppress(OSError):
-        fcntl.flock(fh, fcntl.LOCK_UN)
-    fh.close()
+        path.unlink()  # before letting go: a reader that opened it takes the lock and sees it gone (lockfile)
+    lockfile.release(fd)
 
 
 class RunJournal:

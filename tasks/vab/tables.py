@@ -8,7 +8,6 @@ atomically under a per-partition lock; the catalog views (``vab_tasks``, ``vab_t
 from __future__ import annotations
 
 import contextlib
-import fcntl
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,6 +16,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from schemas.vab import SET_NAME_RE, VAB_TABLES, check_judge_name
+from tasks.store import lockfile
 from tasks.lake.tables import DATA_FILE, Lake, LakeSchemaError, _atomic_write_parquet, conform
 
 SETS_PARTITION_PREFIX = "sets="
@@ -39,12 +39,8 @@ def locked(lake: Lake, table: str, sets: str) -> Iterator[Path]:
     """Exclusive lock on the partition (threads and processes): for read-modify-write."""
     path = partition_path(lake, table, sets)
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path.parent / ".lock", "a+") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield path
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
+    with lockfile.lake_lock(path.parent / ".lock", f"the lock of lake partition {table}/{path.parent.name}"):
+        yield path
 
 
 def _write_locked(lake: Lake, table: str, sets: str, path: Path, data: Any) -> Path:
