@@ -263,7 +263,7 @@ def cookie_ok(given: object, cookie: str) -> bool:
 
 def link_over(target: Path, name: Path) -> None:
     """Make ``name`` another name of ``target`` in one step (a stale ``name`` replaced)."""
-    tmp = name.with_name(f".{name.name}.link.{os.getpid()}")
+    tmp = name.with_name(f".link-{name.name}.{os.getpid()}")  # matches no server's file name
     tmp.unlink(missing_ok=True)
     os.link(target, tmp)
     os.replace(tmp, name)
@@ -474,7 +474,7 @@ def _ask(path: Path, op: str, timeout: float = 5.0, **fields: str) -> dict | Non
 
 def servers() -> list[dict]:
     """Every warm server of this user: key, socket, pid (None: a stale socket of a dead server),
-    commands (running now), draining (it takes no new command and exits when they end: then
+    commands (running now; None: not said), draining (it takes no new command and exits when they end: then
     ``socket`` is its own), last_used (the socket's mtime: the server touches it at each command)."""
     out, public = [], []
     rt = runtime_dir()
@@ -486,7 +486,7 @@ def servers() -> list[dict]:
             continue
         public.append(path)
         out.append({"key": key_of(path), "socket": str(path), "pid": reply.get("pid"),
-                    "commands": reply.get("commands", 0), "draining": bool(reply.get("draining")), "last_used": used})
+                    "commands": reply.get("commands"), "draining": bool(reply.get("draining")), "last_used": used})
     for path in sorted(rt.glob(".warm-*.sock.*")):  # servers that gave their key up and still run commands
         if any(same_file(path, p) for p in public) or not (reply := _ask(path, "ping")) or not reply.get("draining"):
             continue
@@ -522,8 +522,10 @@ def make_room(new_key: str) -> list[str]:
             remove_stale(s["key"])
     with contextlib.suppress(OSError):
         prune()
-    others = sorted((s for s in everyone if s["key"] != new_key and s["pid"] and not s["draining"]),
-                    key=lambda s: (s["commands"] > 0, s["last_used"]))
+    # A server that does not say how many commands it runs speaks an older protocol (its key is
+    # not this code's): it is left to stop when idle, never asked here.
+    others = sorted((s for s in everyone if s["key"] != new_key and s["pid"] and not s["draining"]
+                     and s["commands"] is not None), key=lambda s: (s["commands"] > 0, s["last_used"]))
     stopped = []
     while len(others) >= max_servers():
         victim = others.pop(0)

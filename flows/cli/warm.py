@@ -29,7 +29,7 @@ def warm_status() -> None:
             state = f"pid {s['pid']}" if s["pid"] else "not answering (stale socket)"
             if s["pid"] and s["draining"]:
                 state += f" draining ({s['commands']} running, then it exits)"
-            elif s["pid"]:
+            elif s["pid"] and s["commands"] is not None:
                 state += f" {s['commands']} running"
             mark = "  <- this environment" if s["key"] == mine and not s["draining"] else ""
             print(f"{s['key']}  {state}  {s['socket']}{mark}")

@@ -239,6 +239,34 @@ def test_a_second_server_never_takes_over_a_live_servers_socket(code, rt, tmp_pa
         os.close(serving)
 
 
+def test_a_command_that_ends_starts_no_server_while_one_serves_or_starts(rt, tmp_path):
+    """The command that ran cold decided at its start to start a server; as it ends it looks again
+    (under the key's mutex): a server that became ready meanwhile, or one still starting, and it
+    starts none. Only with neither does it start one (which then holds the start for its key)."""
+    from flows import launch
+
+    env = {**os.environ, "TMPDIR": str(rt)}
+    key = "0123456789abcdef"
+    for what in ("serving", "starting"):
+        with warm.key_lock(key):
+            held = warm.take_lock(warm.lock_path(key, what), 0)
+        try:
+            assert launch._start_server(key, env) is None, what
+        finally:
+            os.close(held)
+    pid = launch._start_server(key, env)
+    assert pid is not None
+    try:
+        with warm.key_lock(key):
+            assert warm.holder(key, "starting") == pid  # the process on its way holds the start
+        assert launch._start_server(key, env) is None
+    finally:
+        os.killpg(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+    with warm.key_lock(key):
+        assert warm.holder(key, "starting") is None  # its holder died: the start is free again, nothing stale
+
+
 # ---- the cap: idle servers first, a busy one drains ---------------------------------------------
 
 
