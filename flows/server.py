@@ -39,7 +39,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -134,7 +134,7 @@ def recorded_server_problem(imagebench_home: Path) -> str | None:
     return listener_problem(host, port, pid)
 
 
-def recorded_api_url(imagebench_home: Path, say=None) -> str | None:
+def recorded_api_url(imagebench_home: Path, say: Callable[[str], None] | None = None) -> str | None:
     """The API URL of the local server ``imagebench serve --local-server`` runs for this
     workspace, if one is running, is ours (:func:`recorded_server_problem`) and answers; else None.
     A file that names a server not ours is removed, and ``say`` (default: stderr) is told in one
@@ -163,7 +163,7 @@ def protect_clients(home: Path) -> None:
     apiauth.protect(home, server=False)
 
 
-def use_recorded_api(imagebench_home: Path, say=None) -> str | None:
+def use_recorded_api(imagebench_home: Path, say: Callable[[str], None] | None = None) -> str | None:
     """:func:`recorded_api_url`, with this process's Prefect client given the server's secret."""
     url = recorded_api_url(imagebench_home, say)
     if url:
