@@ -77,10 +77,11 @@ def page_context(sets: str, tasks: list, trials, audit: dict | None, n_resamples
         blo, bhi = m["strict_both_boot"] or (None, None)
         slo, shi = m["single_both_ci"] or (None, None)
         pooled = m["position_bias"]["pooled"]
+        absent = m["strict_both"] is None  # never asked for both (e.g. a pick_best-only run): absent, not 0
         rows.append({"judge": m["judge"], "kind": m["judge_kind"] or "", "trials": m["trials_per_task"],
-                     "both": "–" if single else f"{_f(m['strict_both'])} [{_f(lo)}, {_f(hi)}]",
-                     "both_boot": "–" if single else f"[{_f(blo)}, {_f(bhi)}]",
-                     "one_trial": f"{_f(m['single_both'])} [{_f(slo)}, {_f(shi)}]",
+                     "both": "–" if single or absent else f"{_f(m['strict_both'])} [{_f(lo)}, {_f(hi)}]",
+                     "both_boot": "–" if single or absent else f"[{_f(blo)}, {_f(bhi)}]",
+                     "one_trial": "–" if m["single_both"] is None else f"{_f(m['single_both'])} [{_f(slo)}, {_f(shi)}]",
                      "best": "–" if single else _f(m["strict_best"]), "worst": "–" if single else _f(m["strict_worst"]),
                      "tasks": m["tasks"], "invalid": sum(m["invalid_trials"].values()), "uncalibrated": m["uncalibrated"],
                      "slot1": _f(pooled["rates"][0]) if pooled["rates"] else "–",

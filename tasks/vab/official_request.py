@@ -136,7 +136,7 @@ async def one_attempt(judge: Any, item: Any, parts: list, temperature: float) ->
     does; the answer's text, or the JudgeError of the last try. ``judge`` is the VAB judge
     (tasks.vab.judges.VlmSetJudge); the endpoint's slot is held while the images are encoded and
     the request is out (with the client's own retries), not while it waits between attempts."""
-    from tasks.judges.base import JudgeBadResponse, JudgeError, JudgeUnavailable
+    from tasks.judges.base import JudgeUnavailable
     from tasks.store.redact import redact
 
     j = judge.backend
@@ -151,11 +151,10 @@ async def one_attempt(judge: Any, item: Any, parts: list, temperature: float) ->
         payload = {"model": judge.endpoint.model, "messages": [{"role": "user", "content": content}],
                    **request_params(judge.endpoint.model, temperature)}
         for retry in range(HTTP_TRIES):
-            wait = None
             try:
                 resp, _latency = await j._send("/chat/completions", payload)
             except JudgeUnavailable as exc:  # a timeout or a lost connection: the client tries again
-                if retry == HTTP_TRIES - 1:
+                if retry == HTTP_TRIES - 1 or not exc.retryable:
                     raise
                 wait = http_wait_s(retry)
             else:
@@ -167,7 +166,7 @@ async def one_attempt(judge: Any, item: Any, parts: list, temperature: float) ->
                     j._check_model(data.get("model"))
                     return redact(answer) or ""
             await asyncio.sleep(wait)
-    raise JudgeBadResponse("unreachable")  # pragma: no cover - the loop returns or raises
+    raise AssertionError("unreachable")  # the loop returns or raises
 
 
 async def ask(judge: Any, item: Any, parts: list, temperature: float, parse) -> tuple:

@@ -296,3 +296,36 @@ def test_our_prompt_and_the_expert_pages_use_each_domains_rubric() -> None:
     assert "Form and proportion" in _rubric("illustration") and "Form and proportion" not in _rubric("fine_art")
     assert message_parts("vab-best-worst-v2", "best_worst", 2, "photography")[:2] == ["Image 1:", 0]
     assert prompt_sha256("vab-best-worst-v2") != prompt_sha256("vab-official-v1")
+
+
+# ---- what is sent with the official prompt (tasks/vab/official_request.py; against eval.py itself:
+# tests/vab/test_official_toolkit.py) ---------------------------------------------------------------
+@pytest.mark.parametrize("model,t,want", [
+    ("gpt-4o", 1.0, {"max_tokens": 8192, "temperature": 1.0}),
+    ("gpt-4o", 0.0, {"max_tokens": 8192, "temperature": 0.0}),
+    ("gpt-5", 0.0, {"max_completion_tokens": 8192}),  # litellm drops a gpt-5 temperature other than 1
+    ("openai/gpt-5-mini", 1.0, {"max_completion_tokens": 8192, "temperature": 1.0}),
+    ("gpt-5.2-pro", 0.5, {"max_completion_tokens": 8192}),
+    ("gpt-5.2", 0.5, {"max_completion_tokens": 8192, "temperature": 0.5}),
+    ("gpt-5-chat-latest", 0.0, {"max_tokens": 8192, "temperature": 0.0}),
+    ("o4-mini", 0.7, {"max_completion_tokens": 8192}),
+    ("o4-mini-custom", 0.7, {"max_tokens": 8192, "temperature": 0.7}),  # not in litellm's list: a chat model to it
+])
+def test_official_request_parameters(model, t, want) -> None:
+    from tasks.vab.official_request import request_params
+
+    assert request_params(model, t) == want
+
+
+def test_official_http_retry_waits_as_the_openai_client() -> None:
+    import random
+
+    from tasks.vab.official_request import http_retryable, http_wait_s
+
+    assert [http_retryable(s, {}) for s in (408, 409, 425, 429, 500, 503, 400, 401, 404)] == [True] * 2 + [False] + [True] * 3 + [False] * 3
+    assert http_retryable(500, {"x-should-retry": "false"}) is False and http_retryable(400, {"x-should-retry": "true"}) is True
+    assert http_wait_s(0, {"retry-after": "3"}) == 3.0 and http_wait_s(0, {"retry-after-ms": "1500"}) == 1.5
+    rng = random.Random(0)
+    for retry, base in ((0, 0.5), (1, 1.0), (5, 8.0)):  # no usable Retry-After (absent, 0, over 60 s): backoff, less up to 25%
+        for headers in ({}, {"retry-after": "0"}, {"retry-after": "120"}):
+            assert 0.75 * base <= http_wait_s(retry, headers, rng) <= base

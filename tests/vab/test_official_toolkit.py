@@ -19,6 +19,7 @@ gives the same numbers again."""
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import io
 import json
@@ -169,18 +170,19 @@ class Scripted:
     - ``vary=True``: a readable answer whose letters move on with every identical request (a model
       sampled at temperature 1)."""
 
-    def __init__(self, vary: bool = False) -> None:
-        self.vary = vary
+    def __init__(self, vary: bool = False, plain: bool = False) -> None:
+        self.vary, self.plain = vary, plain  # plain: a readable answer from the content alone, always
         self.seen: Counter = Counter()
         self.lock = threading.Lock()
         self.buckets: Counter = Counter()
 
     def __call__(self, req: RecordedRequest) -> Reply:
         key = content_key(req)
+        three = len(content(req)) > 6  # 3+ images: the question and 2 parts per image
         with self.lock:
             count = self.seen[key]
             self.seen[key] += 1
-            self.buckets[(self.bucket(req, key), len(content(req)) > 6, count)] += 1  # 3+ images: 7+ parts
+            self.buckets[(self.bucket(req, key), three, count)] += 1
         return self.reply(req, key, count)[0]
 
     def bucket(self, req: RecordedRequest, key: str) -> int:
@@ -202,6 +204,8 @@ class Scripted:
         best, worst = labs[h % n], labs[(h // 7) % n]
         if self.vary:
             best, worst = labs[(h + count) % n], labs[(h // 7 + count) % n]
+            return Reply(text=self.answer(best, worst, both, worst_only)), "ok"
+        if self.plain:
             return Reply(text=self.answer(best, worst, both, worst_only)), "ok"
         bucket = self.bucket(req, key)
         if bucket == 0:
@@ -315,6 +319,35 @@ def toolkit() -> tk.Toolkit:
         pytest.fail(f"the toolkit's environment could not be built: {exc}")
 
 
+@contextlib.contextmanager
+def workspace(work: Path, judges: dict[str, str]):
+    """An imagebench workspace in ``work`` whose endpoints config has ``judges`` (name -> base_url,
+    the model named as the judge) with the endpoint's defaults: nothing but backend, model, base_url."""
+    cfg = work / "judges.yaml"
+    cfg.write_text(yaml.safe_dump({"judges": {name: {"backend": "openai", "model": name, "base_url": url} for name, url in judges.items()}}))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("IMAGEBENCH_HOME", str(work / "home"))
+        mp.setenv("IMAGEBENCH_JUDGES_CONFIG", str(cfg))
+        for key in ("IMAGEBENCH_STORE", "IMAGEBENCH_CONFIG", "IMAGEBENCH_REFERENCE_DIR"):
+            mp.delenv(key, raising=False)
+        yield
+
+
+def trials_of(sets: str) -> list[dict]:
+    from schemas.settings import load_settings
+    from tasks.lake.tables import Lake
+    from tasks.vab.tables import read_partition
+
+    return read_partition(Lake(load_settings().lake_dir), "vab_trials", sets).to_pylist()
+
+
+def eval_py(toolkit: tk.Toolkit, work: Path, server: FakeOpenAI, models: list[str], out: str, *extra: str) -> tk.Started:
+    """eval.py started in the background (imagebench runs meanwhile, in this process)."""
+    args = [a for m in models for a in ("--model", f"openai/{m}")]
+    return tk.start_script(toolkit, "eval.py", [*args, "--api-base", server.base_url, "--api-key", "sk-local-test",
+                                                "--output-dir", out, "--concurrency", "64", *extra], work, HF_HOME=str(work / f".hf-{out}"))
+
+
 @pytest.fixture(scope="module")
 def side_by_side(prefect_harness, toolkit, tmp_path_factory):
     """eval.py and imagebench on the same release, at temperature 1 (the default) and 0, each
@@ -323,37 +356,32 @@ def side_by_side(prefect_harness, toolkit, tmp_path_factory):
     work = tmp_path_factory.mktemp("vab-toolkit")
     release = write_release(work)
     servers = {"eval": FakeOpenAI(MODEL, Scripted()), "ours": FakeOpenAI(MODEL, Scripted())}
+    started: list[tk.Started] = []
     for s in servers.values():
         s.start()
     try:
-        for t, out in (("1", "results"), ("0", "results-t0")):
-            tk.run_script(toolkit, "eval.py", ["--model", f"openai/{MODEL}", "--api-base", servers["eval"].base_url,
-                                               "--api-key", "sk-local-test", "--output-dir", out, "--concurrency", "64"]
-                           + (["--temperature", "0"] if t == "0" else []), work)
-        summary = tk.run_script(toolkit, "summarize.py", ["--results-dir", "results", "--t0-dir", "results-t0", "-o", "summary.json"], work)
-        tk.run_script(toolkit, "summarize.py", ["--results-dir", "results-t0", "--t0-dir", "none", "-o", "summary-t0.json"], work)
-        cfg = work / "judges.yaml"  # the endpoint's defaults: nothing but backend, model and base_url
-        cfg.write_text(yaml.safe_dump({"judges": {MODEL: {"backend": "openai", "model": MODEL, "base_url": servers["ours"].base_url}}}))
-        with pytest.MonkeyPatch.context() as mp:
-            mp.setenv("IMAGEBENCH_HOME", str(work / "home"))
-            mp.setenv("IMAGEBENCH_JUDGES_CONFIG", str(cfg))
-            for key in ("IMAGEBENCH_STORE", "IMAGEBENCH_CONFIG", "IMAGEBENCH_REFERENCE_DIR"):
-                mp.delenv(key, raising=False)
+        started += [eval_py(toolkit, work, servers["eval"], [MODEL], "results"),
+                    eval_py(toolkit, work, servers["eval"], [MODEL], "results-t0", "--temperature", "0")]
+        with workspace(work, {MODEL: servers["ours"].base_url}):
             for name in ("ours", "evalpy"):
                 assert _cli("vab", "import-sets", release, "--name", name).exit_code == 0
             runs = [_cli("vab", "run", "--sets", "ours", "--judge", MODEL, "--prompt", "vab-official-v1"),
                     _cli("vab", "run", "--sets", "ours", "--judge", MODEL, "--prompt", "vab-official-v1", "--temperature", "0")]
+            for e in started:
+                e.wait()
+            started = [tk.start_script(toolkit, "summarize.py", ["--results-dir", "results", "--t0-dir", "results-t0", "-o", "summary.json"],
+                                       work, HF_HOME=str(work / ".hf-results")),
+                       tk.start_script(toolkit, "summarize.py", ["--results-dir", "results-t0", "--t0-dir", "none", "-o", "summary-t0.json"],
+                                       work, HF_HOME=str(work / ".hf-results-t0"))]
             imports = [_cli("vab", "import-results", work / "results" / f"{MODEL}.json", "--sets", "evalpy"),
                        _cli("vab", "import-results", work / "results-t0" / f"{MODEL}.json", "--sets", "evalpy", "--judge", f"{MODEL}@t0")]
             out = {"ours": {}, "evalpy": {}}
             for name in out:
                 out[name]["json"] = _cli("vab", "summarize", "--sets", name, "--format", "json")
                 out[name]["t0"] = _cli("vab", "summarize", "--sets", name, "--t0")
-            from schemas.settings import load_settings
-            from tasks.lake.tables import Lake
-            from tasks.vab.tables import read_partition
-
-            rows = read_partition(Lake(load_settings().lake_dir), "vab_trials", "ours").to_pylist()
+            rows = trials_of("ours")
+        summary = started[0].wait()
+        started[1].wait()
         yield {"work": work, "eval_log": log_of(servers["eval"]), "ours_log": log_of(servers["ours"]), "runs": runs,
                "imports": imports, "summaries": out, "summarize_stdout": summary.stdout, "rows": rows,
                "official": json.loads((work / "summary.json").read_text()),
@@ -361,6 +389,10 @@ def side_by_side(prefect_harness, toolkit, tmp_path_factory):
                "results": json.loads((work / "results" / f"{MODEL}.json").read_text()),
                "buckets": servers["eval"].responder.buckets, "script": Scripted()}
     finally:
+        for e in started:
+            if e.proc.poll() is None:
+                e.proc.kill()
+                e.proc.wait()
         for s in servers.values():
             s.stop()
 
@@ -424,17 +456,9 @@ def varying(prefect_harness, toolkit, tmp_path_factory):
     servers = {"eval": FakeOpenAI(VARY, Scripted(vary=True)), "ours": FakeOpenAI(VARY, Scripted(vary=True))}
     for s in servers.values():
         s.start()
+    started = eval_py(toolkit, work, servers["eval"], [VARY], "results")
     try:
-        tk.run_script(toolkit, "eval.py", ["--model", f"openai/{VARY}", "--api-base", servers["eval"].base_url,
-                                           "--api-key", "sk-local-test", "--output-dir", "results", "--concurrency", "64"], work)
-        tk.run_script(toolkit, "summarize.py", ["--results-dir", "results", "--t0-dir", "none", "-o", "summary.json"], work)
-        cfg = work / "judges.yaml"
-        cfg.write_text(yaml.safe_dump({"judges": {VARY: {"backend": "openai", "model": VARY, "base_url": servers["ours"].base_url}}}))
-        with pytest.MonkeyPatch.context() as mp:
-            mp.setenv("IMAGEBENCH_HOME", str(work / "home"))
-            mp.setenv("IMAGEBENCH_JUDGES_CONFIG", str(cfg))
-            for key in ("IMAGEBENCH_STORE", "IMAGEBENCH_CONFIG", "IMAGEBENCH_REFERENCE_DIR"):
-                mp.delenv(key, raising=False)
+        with workspace(work, {VARY: servers["ours"].base_url}):
             assert _cli("vab", "import-sets", release, "--name", "vary").exit_code == 0
             first = _cli("vab", "run", "--sets", "vary", "--judge", VARY, "--prompt", "vab-official-v1")
             sent_first = len(servers["ours"].completions)
@@ -443,9 +467,16 @@ def varying(prefect_harness, toolkit, tmp_path_factory):
             again = _cli("vab", "run", "--sets", "vary", "--judge", VARY, "--prompt", "vab-official-v1")
             sent_again = len(servers["ours"].completions) - sent_first
             summary_again = _cli("vab", "summarize", "--sets", "vary", "--format", "json")
+        started.wait()
+        started = tk.start_script(toolkit, "summarize.py", ["--results-dir", "results", "--t0-dir", "none", "-o", "summary.json"],
+                                  work, HF_HOME=str(work / ".hf-results"))
+        started.wait()
         yield {"eval_log": log_of(servers["eval"]), "ours_log": log_first, "runs": (first, again), "sent_again": sent_again,
                "summaries": (summary_first, summary_again), "official": json.loads((work / "summary.json").read_text())}
     finally:
+        if started.proc.poll() is None:
+            started.proc.kill()
+            started.proc.wait()
         for s in servers.values():
             s.stop()
 
@@ -464,3 +495,75 @@ def test_every_trial_is_its_own_request_and_a_rerun_gives_the_same_numbers(varyi
     _close(first[VARY], varying["official"][VARY])
     assert varying["sent_again"] == 0  # every trial's answer cached under its own trial
     assert again == first
+
+
+# ---- what litellm sends for other model names, and eval.py's --prompt-type ----------------------------
+# gpt-5 and the o-series get max_completion_tokens, and no temperature unless it is 1 (gpt-5.1: any);
+# an o-named model litellm does not list, and gpt-5-chat, are ordinary chat models
+MODELS = ["gpt-5-mini", "o3-mini", "gpt-5.1", "gpt-5-chat-latest", "o1-custom", "gpt-4o-mini"]
+SMALL = [("vab-m1", "photograph", "street", ["rgba", "p", "webp"], "B", "C"), ("vab-m2", "photograph", "portrait", ["l", "jpeg"], "A", "B")]
+
+
+@pytest.fixture(scope="module")
+def models(prefect_harness, toolkit, tmp_path_factory):
+    work = tmp_path_factory.mktemp("vab-models")
+    release = write_release(work, SMALL)
+    servers = {side: FakeOpenAI("any", Scripted(plain=True)) for side in ("eval", "ours")}
+    for s in servers.values():
+        s.start()
+    started = [eval_py(toolkit, work, servers["eval"], MODELS, "results", "--prompt-type", "pick_worst"),
+               eval_py(toolkit, work, servers["eval"], MODELS, "results-t0", "--prompt-type", "pick_worst", "--temperature", "0")]
+    try:
+        with workspace(work, {m: servers["ours"].base_url for m in MODELS}):
+            assert _cli("vab", "import-sets", release, "--name", "m").exit_code == 0
+            judges = [a for m in MODELS for a in ("--judge", m)]
+            runs = [_cli("vab", "run", "--sets", "m", *judges, "--prompt", "vab-official-v1", "--prompt-type", "pick_worst"),
+                    _cli("vab", "run", "--sets", "m", *judges, "--prompt", "vab-official-v1", "--prompt-type", "pick_worst",
+                         "--temperature", "0")]
+            summary = _cli("vab", "summarize", "--sets", "m", "--format", "json")
+            refused = _cli("vab", "run", "--sets", "m", "--judge", MODELS[0], "--prompt-type", "pick_worst")  # our prompt: one question
+        for e in started:
+            e.wait()
+        started = [tk.start_script(toolkit, "summarize.py", ["--results-dir", "results", "--t0-dir", "none", "-o", "summary.json"],
+                                   work, HF_HOME=str(work / ".hf-results"))]
+        started[0].wait()
+        yield {"eval_log": log_of(servers["eval"]), "ours_log": log_of(servers["ours"]), "runs": runs, "summary": summary,
+               "refused": refused, "official": json.loads((work / "summary.json").read_text())}
+    finally:
+        for e in started:
+            if e.proc.poll() is None:
+                e.proc.kill()
+                e.proc.wait()
+        for s in servers.values():
+            s.stop()
+
+
+def test_parameters_follow_the_model_name_as_litellm_sends_them(models) -> None:
+    for r in models["runs"]:
+        assert r.exit_code == 0, r.output
+    theirs, ours = models["eval_log"], models["ours_log"]
+    texts = {content(r)[0][1].split("\n")[2] for v in theirs.values() for r in v}
+    assert texts == {"Which image has the worst overall aesthetic quality?"}  # --prompt-type pick_worst: nothing else asked
+    for model in MODELS:  # the same requests, model by model (the content key leaves the model out)
+        compare_requests({k: [r for r in v if r.body["model"] == model] for k, v in theirs.items() if any(r.body["model"] == model for r in v)},
+                         {k: [r for r in v if r.body["model"] == model] for k, v in ours.items() if any(r.body["model"] == model for r in v)})
+    sent = {(r.body["model"], json.dumps(params(r), sort_keys=True)) for v in theirs.values() for r in v}
+    assert ("gpt-5-mini", json.dumps({"model": "gpt-5-mini", "max_completion_tokens": 8192}, sort_keys=True)) in sent  # t=0 dropped
+    assert ("gpt-4o-mini", json.dumps({"model": "gpt-4o-mini", "max_tokens": 8192, "temperature": 0.0}, sort_keys=True)) in sent
+
+
+def test_a_pick_worst_run_scores_as_summarize_py_and_nothing_else_shows_as_0(models) -> None:
+    """summarize.py gives a pick_worst-only run 0 for pick_best and pick_best_and_worst, and for the
+    domains without a task: imagebench says absent (null) there, and the same everywhere else."""
+    from tests.vab.test_official import _close
+
+    def absent(path: str) -> bool:
+        no_task = "/fine-art/" in path or "/illustration/" in path
+        return no_task or not (path.endswith("/pick_worst") or path.endswith("/pick_worst/accuracy"))
+
+    mine, official = _json(models["summary"]), models["official"]
+    assert set(mine) == {"Random Guess", *MODELS, *(f"{m}@t0" for m in MODELS)}  # the t=0 runs beside, not replacing
+    for model in MODELS:
+        _close(mine[model], official[model], f"/{model}", absent=absent)
+    assert mine[MODELS[0]]["pick_best"] == {"accuracy": None}
+    assert models["refused"].exit_code == 1 and "needs --prompt vab-official-v1" in models["refused"].output

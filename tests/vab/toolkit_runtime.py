@@ -129,12 +129,35 @@ def toolkit_env(workdir: Path, **extra: str) -> dict[str, str]:
             "PYTHONDONTWRITEBYTECODE": "1", **extra}
 
 
+@dataclass
+class Started:
+    """A toolkit script running in the background (:func:`start_script`); :meth:`wait` for it."""
+
+    what: str
+    proc: subprocess.Popen
+    timeout_s: float
+
+    def wait(self) -> subprocess.CompletedProcess:
+        try:
+            out, err = self.proc.communicate(timeout=self.timeout_s)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            out, err = self.proc.communicate()
+            raise RuntimeError(f"{self.what} did not finish in {self.timeout_s:g} s:\n{out[-2000:]}\n{err[-4000:]}") from None
+        if self.proc.returncode != 0:
+            raise RuntimeError(f"{self.what} failed (exit {self.proc.returncode}):\n{out[-2000:]}\n{err[-4000:]}")
+        return subprocess.CompletedProcess(self.proc.args, 0, out, err)
+
+
+def start_script(toolkit: Toolkit, script: str, args: list[str], workdir: Path, timeout_s: float = 600, **env: str) -> Started:
+    """``python <toolkit>/<script> args`` started in ``workdir`` (where the release and results live),
+    in the toolkit's own environment; the caller goes on and waits for it later."""
+    proc = subprocess.Popen([str(toolkit.python), str(toolkit.folder / script), *args], cwd=workdir,
+                            env=toolkit_env(workdir, **env), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return Started(f"{script} {' '.join(args)}", proc, timeout_s)
+
+
 def run_script(toolkit: Toolkit, script: str, args: list[str], workdir: Path, timeout_s: float = 600,
                **env: str) -> subprocess.CompletedProcess:
-    """``python <toolkit>/<script> args`` in ``workdir`` (where the release and results live);
-    raises naming the script when it fails."""
-    done = subprocess.run([str(toolkit.python), str(toolkit.folder / script), *args], cwd=workdir,
-                          env=toolkit_env(workdir, **env), capture_output=True, text=True, timeout=timeout_s)
-    if done.returncode != 0:
-        raise RuntimeError(f"{script} {' '.join(args)} failed (exit {done.returncode}):\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}")
-    return done
+    """:func:`start_script` and wait: raises naming the script when it fails."""
+    return start_script(toolkit, script, args, workdir, timeout_s, **env).wait()
