@@ -129,7 +129,8 @@ def run_demo(console: Console, progress: Callable[[], ContextManager], nightly_l
                          vab=vab_pages)
     console.print(f"report: [bold]{index}[/] (sortable leaderboard, Capability-vs-EPS plot, heatmaps, model pages)")
     console.print("Beauty Index demo study ([bold yellow]SIMULATED[/] answers): `imagebench study leaderboard --study "
-                  "demo-beauty`, its page report/studies/demo-beauty.html, `imagebench study export --study demo-beauty`")
+                  "demo-beauty`, its page report/studies/demo-beauty.html, `imagebench study export --study demo-beauty "
+                  "--times none` (its simulated judges each took an hour of their own: with times, each would be unique)")
     console.print(
         f"the demo's settings (reference, scorer) are saved in [bold]{settings_file}[/]: `imagebench score`, "
         "`nightly`, `backfill` and `serve` in this workspace use them (environment variables still win)"

@@ -249,14 +249,26 @@ def study_import_answers(
 def study_export(
     study: Annotated[str, typer.Option("--study", help="the study id (folder under $IMAGEBENCH_HOME/studies/)")],
     out: Annotated[Optional[Path], typer.Option("--out", help="bundle folder (default: $IMAGEBENCH_HOME/exports/STUDY)")] = None,
+    times: Annotated[str, typer.Option("--times", help="resolution of the published answer times: minute, hour, day "
+                                                       "or none (only: after the pre-registration or not)")] = "minute",
+    drop_partial_judges: Annotated[bool, typer.Option(
+        "--drop-partial-judges", help="withhold the answers of judges who did not answer their whole queue "
+                                      "(their answer count singles them out)")] = False,
+    merge_groups: Annotated[Optional[list[str]], typer.Option(
+        "--merge-groups", metavar="A+B", help="publish these panel groups as one (repeatable)")] = None,
 ) -> None:
     """The open-data bundle (CC-BY 4.0): anonymised answers (Parquet + CSV), the analysis, the
-    datasheet, the pre-registration, consented memos and SHA256SUMS."""
+    datasheet, the pre-registration, the memos their judges agreed to publish and SHA256SUMS.
+    Refused, with the figures and these options, while a judge would be unique on what it
+    publishes (group, answer count, first and last time); the options chosen are recorded in it."""
     with user_errors():
         settings = cli_settings()
         from tasks.beauty.export import export_study
+        from tasks.beauty.privacy import PublicationChoices, parse_merge
 
-        path = export_study(settings, study, out or settings.home / "exports" / study)
+        choices = PublicationChoices(times=times, drop_partial_judges=drop_partial_judges,
+                                     merge_groups=tuple(parse_merge(m) for m in merge_groups or ()))
+        path = export_study(settings, study, out or settings.home / "exports" / study, choices)
         publish_outside(settings, path)
         err.print(f"[green]bundle written:[/] {path} (check it with: cd {path} && sha256sum -c SHA256SUMS)",
                   highlight=False, soft_wrap=True)

@@ -8,14 +8,15 @@ written it is verified whole:
 - ``preregistration.json`` parses, names the bundle's study and the same prompt suite (by sha256)
   as this workspace pins, and was written before every answer (``tasks.beauty.prereg``: a plan
   written after the data is no pre-registration, so such a bundle is refused). The bundle's times
-  are floored to the minute but never to before the plan (``tasks.beauty.export.export_time``), so
+  are floored (to the minute by default) but never to before the plan (``tasks.beauty.privacy.export_time``), so
   this verdict is the one the exporting lab's own workspace gives, answer for answer;
 - ``study.json`` and the answers fit each other (tools, groups, prompts of the suite, one answer
-  per judge and image, answered at or after shown).
+  per judge and image, answered at or after shown, a ``qc_flag`` its quality settings define).
 
 Then the study gets its folder (``study.yaml`` built from ``study.json``, the bundle's
 pre-registration byte for byte and pinned, a marker ``imported-bundle.json``) and its answers go to
-the lake (``study_answers``, source ``import``, the bundle's judge ids unchanged): `study analyze`,
+the lake (``study_answers``, source ``import``, the bundle's judge ids and quality-control flags
+unchanged): `study analyze`,
 `study leaderboard`, `study export` and the report treat it as any study. No torch, Prefect or GX.
 """
 
@@ -146,8 +147,14 @@ def _definition(bundle: Bundle, study_id: str) -> StudyDefinition:
 
 
 def _answers(bundle: Bundle, definition: StudyDefinition, prompt_ids: list[str]) -> pa.Table:
-    """The bundle's answers as ``STUDY_ANSWERS`` rows of the new study, checked against it."""
+    """The bundle's answers as ``STUDY_ANSWERS`` rows of the new study, checked against it. Each
+    answer keeps its ``qc_flag`` (one of the flags the bundle's quality settings define), so the
+    analysis here flags what the home study flagged (issue 27 item 3); a bundle written before
+    flags were published has none."""
+    from tasks.beauty.quality import flag_meanings
+
     tools, groups, prompts = set(definition.tools), {g.name for g in definition.groups}, set(prompt_ids)
+    known_flags = set(flag_meanings(definition.quality.min_seconds_on_screen))
     simulated = definition.simulated
     rows, seen = [], set()
     for i, a in enumerate(bundle.answers.to_pylist()):
@@ -159,6 +166,10 @@ def _answers(bundle: Bundle, definition: StudyDefinition, prompt_ids: list[str])
             raise BundleError(f"{where}: answer, shown_at and answered_at must be given")
         if a["answered_at"] < a["shown_at"]:
             raise BundleError(f"{where}: answered_at is before shown_at")
+        flag = a.get("qc_flag")
+        if flag is not None and flag not in known_flags:
+            raise BundleError(f"{where}: qc_flag {str(flag)[:40]!r} is not one of {sorted(known_flags)} "
+                              "(study.json quality settings)")
         if not isinstance(a["judge_id"], str) or not JUDGE_ID_RE.fullmatch(a["judge_id"]):
             raise BundleError(f"{where}: judge_id must be a salted sha256 (hex), got {str(a['judge_id'])[:20]!r}")
         key = (a["judge_id"], a["tool"], a["prompt_id"])
@@ -168,7 +179,8 @@ def _answers(bundle: Bundle, definition: StudyDefinition, prompt_ids: list[str])
         rows.append({"study_id": definition.study_id, "judge_id": a["judge_id"], "panel_group": a["panel_group"],
                      "tool": a["tool"], "prompt_id": a["prompt_id"], "image_id": None, "position": None,
                      "answer": a["answer"], "shown_at": a["shown_at"], "answered_at": a["answered_at"],
-                     "memo": bool(a.get("memo_file")), "source": "simulated" if simulated else "import"})
+                     "memo": bool(a.get("memo_file")), "source": "simulated" if simulated else "import",
+                     "qc_flag": flag})
     return pa.Table.from_pylist(rows, schema=STUDY_ANSWERS)
 
 

@@ -1,25 +1,32 @@
 """`imagebench study export`: the open-data bundle of a study (CC-BY 4.0).
 
-    answers.parquet / answers.csv   one row per judge x image: salted-hash judge id, panel group,
-                                    prompt, tool, answer, shown_at, answered_at (floored to the
-                                    minute, never to before the plan: export_time), memo file;
-                                    rows sorted by judge, tool, prompt
+    answers.parquet / answers.csv   one row per published judge x image: salted-hash judge id, panel
+                                    group, prompt, tool, answer, shown_at, answered_at (at the chosen
+                                    resolution, never to before the plan: privacy.export_time),
+                                    qc_flag, source; rows sorted by judge, tool, prompt
     yes_rates.csv, beauty_index.csv, hypotheses.csv, pixel_metrics.csv   the analysis (lake tables)
     study.json                      the study definition, judges replaced by the panel's counts
     preregistration.json            the pinned plan, byte for byte (when the study was opened; a
                                     plan of format /1 without its order seed, tasks/beauty/prereg.py)
     prompts.jsonl                   the prompt suite as pinned
-    datasheet.md                    protocol, schema, panel composition, licence, pre-registration sha256
+    anonymity.json                  the lab's publication choices and the re-identification figures
+    datasheet.md                    protocol, schema, panel composition, quality control, privacy
+                                    (what is and is not published, the measured risk), licence
     LICENSE.txt                     CC-BY 4.0
-    memos/<judge_id>-<opaque>.<ext>  voice memos, only those kept with the judge's consent
+    memos/<content hash>.ogg        only recordings whose judge separately consented to publishing
+                                    them, re-encoded without container metadata, linked to nothing
     SHA256SUMS                      over every file above
 
-Nothing can re-identify a judge: no label, token, session, IP address, image id or local path is
-written (tests/beauty/test_publish.py scans every byte), and nothing from which a judge's image
-order could be recomputed: no order seed, no queue position, times floored to the minute and rows
-in a canonical order (tests/beauty/test_anonymity.py runs the re-identification attack). The bundle is built in a temporary
-folder beside the target and swapped in whole.
+Nothing can re-identify a judge by itself: no label, token, session, IP address, image id or local
+path is written (tests/beauty/test_publish.py scans every byte), nothing from which a judge's image
+order could be recomputed (no order seed, no queue position, times floored, rows in a canonical
+order: tests/beauty/test_anonymity.py runs that attack), no voice linked to answers, and no judge
+unique on a published quasi-identifier (group, answer count, first and last time): the export
+measures that on the rows it would publish and refuses, naming the options
+(tasks/beauty/privacy.py, tasks/beauty/reident.py). The bundle is built in a temporary folder
+beside the target and swapped in whole.
 """
+
 
 from __future__ import annotations
 
@@ -31,19 +38,24 @@ import re
 import shutil
 import tempfile
 from collections import Counter
-from datetime import datetime
+from dataclasses import dataclass
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from schemas.study import MEMO_MAX_SECONDS, PUBLISHED_GROUPS, salted_judge_id
+from schemas.study import MEMO_KEEP_CONSENT, MEMO_MAX_SECONDS, MEMO_PUBLISH_CONSENT, PUBLISHED_GROUPS
+from tasks.beauty.privacy import PublicationChoices, Withheld, apply_choices, check_groups, export_time, refusal
+from tasks.beauty.reident import AnonymityReport, anonymity_report
 from tasks.store.spreadsheet import write_csv
 
+__all__ = ["ExportError", "ExportRefused", "PublicationChoices", "export_study", "export_time", "md"]
+
 BUNDLE_MARKER = "datasheet.md"
+ANONYMITY_FILE = "anonymity.json"
 ANSWER_COLUMNS = ("judge_id", "panel_group", "prompt_id", "prompt", "tool", "answer", "shown_at", "answered_at",
-                  "memo_file", "source")
-TIME_RESOLUTION_S = 60  # exported times are floored to the minute: enough to show the answers followed the plan
+                  "qc_flag", "source")
 CC_BY = (
     "Creative Commons Attribution 4.0 International (CC BY 4.0)\n"
     "https://creativecommons.org/licenses/by/4.0/legalcode\n\n"
@@ -54,6 +66,10 @@ CC_BY = (
 
 class ExportError(RuntimeError):
     """The bundle cannot be written (not analysed yet, or the target holds something else)."""
+
+
+class ExportRefused(ExportError):
+    """A judge would be unique on what the bundle publishes (the message has the figures and options)."""
 
 
 def _csv(table: pa.Table) -> str:
@@ -76,48 +92,127 @@ def md(text) -> str:
     return _MARKDOWN_ACTIVE.sub(r"\\\1", " ".join(str(text).splitlines()))
 
 
-def _public_definition(definition, counts: Counter) -> dict:
-    """The study definition without anything about judges but their number per group (labels
-    are identities in the making) and without local paths."""
+def _public_definition(definition, counts: Counter, choices: PublicationChoices) -> dict:
+    """The study definition without anything about judges but their number per published group
+    (labels are identities in the making), merged groups as one, and without local paths."""
     d = definition.model_dump(mode="json")
     d.pop("judges", None)
     d.pop("reference_images", None)
-    d["panel"] = {g["name"]: counts.get(g["name"], 0) for g in d["groups"]}
+    merged = choices.group_map()
+    groups, done = [], set()
+    for g in d["groups"]:
+        name = merged.get(g["name"], g["name"])
+        if name in done:
+            continue
+        done.add(name)
+        if name == g["name"]:
+            groups.append(g)
+            continue
+        parts = [x for x in d["groups"] if merged.get(x["name"]) == name]
+        groups.append({"name": name,
+                       "description": "; ".join(f"{x['name']}: {x['description'] or PUBLISHED_GROUPS.get(x['name'], '')}"
+                                                for x in parts),
+                       "selection_criteria": "; ".join(f"{x['name']}: {x['selection_criteria']}"
+                                                       for x in parts if x["selection_criteria"])})
+    d["groups"] = groups
+    d["panel"] = {g["name"]: counts.get(g["name"], 0) for g in groups}
     return d
 
 
-def floor_time(ts):
-    """A timestamp floored to ``TIME_RESOLUTION_S`` (None stays None)."""
-    if ts is None:
-        return None
-    return ts.replace(second=0, microsecond=0)
+@dataclass(frozen=True)
+class Published:
+    """What this bundle publishes about its judges and their memos (the datasheet's privacy and
+    quality sections, and anonymity.json)."""
+
+    choices: PublicationChoices
+    withheld: Withheld
+    report: AnonymityReport
+    memos_kept: int  # linked to an answer, kept with the judge's consent
+    memos_published: int  # of those, with the separate consent to publication
+    flags: Counter  # qc_flag -> published answers carrying it
+    min_seconds: float
+
+    def to_json(self) -> dict:
+        return {"format": "imagebench-anonymity/1", "choices": self.choices.to_json(),
+                "withheld": {"judges": self.withheld.judges, "answers": self.withheld.answers},
+                "memos": {"kept_by_the_lab": self.memos_kept, "published": self.memos_published},
+                "measures": self.report.to_json()}
 
 
-def export_time(ts, created: datetime | None):
-    """An answer time as the bundle publishes it (None stays None):
-
-    - ``ts`` at or after the plan's ``created_at``: ``max(floor_time(ts), created_at)``;
-    - ``ts`` before it (or no plan): ``floor_time(ts)``, which is before it too.
-
-    So a bundle's times stand on the same side of ``created_at`` as the real ones, answer for
-    answer, and ``tasks.beauty.prereg.status_of`` gives the bundle (`study import-bundle`) exactly
-    the verdict it gives the study at home: a study answered in the minute it was opened stays
-    pre-registered, and one whose answers predate its plan is still refused with the same count.
-    Flooring alone would move an answer given seconds after the open to before it. Nothing new is
-    published: ``created_at`` is in preregistration.json, and the only thing told beyond the
-    minute is on which side of it an answer of that minute falls, which is what the verdict says.
-    The rule is monotone (answered_at stays >= shown_at) and idempotent (a re-exported imported
-    bundle keeps its times)."""
-    if ts is None:
-        return None
-    floored = floor_time(ts)
-    if created is not None and ts >= created:
-        return max(floored, created)
-    return floored
+_TIMES_TEXT = {"minute": "floored to the minute", "hour": "floored to the hour", "day": "floored to the day (UTC)",
+               "none": "withheld: every time at or after the pre-registration is its `created_at`, every time "
+                       "before it 1970-01-01T00:00:00Z"}
 
 
-def _datasheet(ctx, prereg_sha: str | None, counts: Counter, answers: pa.Table, index: pa.Table, memos: int, notes: list[str],
-               status=None) -> str:
+def _pct(x: float | None) -> str:
+    return "–" if x is None else f"{100 * x:.1f}%"
+
+
+def _privacy_lines(pub: Published, memo_study: bool) -> list[str]:
+    ch, rep = pub.choices, pub.report
+    lines = ["", "## Privacy: what is published and what is not", "",
+             f"Export options: `{ch.flags()}` (also in `{ANONYMITY_FILE}`).", "",
+             "- **Published, per answer**: a salted hash of the judge's label, the panel group"
+             f"{' (merged as below)' if ch.merge_groups else ''}, tool, prompt, yes/no, the quality-control flag, and "
+             f"the times shown and answered, {_TIMES_TEXT[ch.times]}.",
+             "- **Never published**: names and labels, links and session tokens, the salt and the order secret, "
+             "IP addresses, image ids, each judge's order (queue positions; rows are sorted by judge, tool and "
+             "prompt), exact times, seconds on screen, and any link between a voice memo and a judge, an answer "
+             "or a group."]
+    if ch.drop_partial_judges:
+        lines.append(f"- **Withheld**: the answers of {pub.withheld.judges} judge(s) who did not answer their whole "
+                     f"queue ({pub.withheld.answers} answers): their answer count would single them out. The analysis "
+                     "files are those of every answer, so a re-analysis of answers.parquet differs from them by these.")
+    for name, parts in ch.to_json()["merge_groups"].items():
+        lines.append(f"- **Merged groups**: {md(', '.join(parts))} are published as one group, {md(name)}, with "
+                     "their judges' counts added; beauty_index.csv has no per-group rows for them (with the answers "
+                     "they would tell which judges form each group), and a hypothesis about one of them cannot be "
+                     "re-tested from this bundle.")
+    if not memo_study:
+        lines.append("- **Voice memos**: this study took none.")
+    else:
+        lines.append(
+            f"- **Voice memos**: {pub.memos_kept} memo(s) were kept by the lab with the judge's consent "
+            f"(\"{md(MEMO_KEEP_CONSENT)}\"); {pub.memos_published} of them are in `memos/`, those whose judge also ticked "
+            f"the separate box \"{md(MEMO_PUBLISH_CONSENT)}\" (recorded with its time). The others are not published: a "
+            "voice can identify a person, and through an answer, their group and all their answers. Published "
+            "recordings are re-encoded (Ogg Opus, no container metadata), named by a hash of their content, and "
+            "linked to no judge, answer or group.")
+    lines += ["", "### Re-identification risk, measured on this bundle", "",
+              "k-anonymity of what an outsider may know of a judge, on the published rows (answer count = the "
+              "judge's rows; first / last time = their earliest `shown_at` and latest `answered_at` as published):", "",
+              "| quasi-identifier | judges | classes | smallest class (k) | judges unique |", "|---|---|---|---|---|"]
+    for q in rep.quasi_identifiers:
+        lines.append(f"| {', '.join(q.columns)} | {q.judges} | {q.classes} | {q.min_class_size} | {q.unique_judges} |")
+    lines += ["", "An attacker who knows a judge's group and k of their answers (tool, prompt, yes/no) keeps the "
+              "judges of that group whose published answers hold all k, and names one of them. Means over every "
+              "judge with at least k answers and every k of their answers:", "",
+              "| k answers known | judges | candidates left (mean) | chance of naming the judge | computed |",
+              "|---|---|---|---|---|"]
+    for at in rep.attacks:
+        cand = "–" if at.mean_candidates is None else f"{at.mean_candidates:.2f}"
+        lines.append(f"| {at.known_answers} | {at.judges} | {cand} | {_pct(at.naming_probability)} | {at.method} |")
+    return lines
+
+
+def _quality_lines(pub: Published) -> list[str]:
+    from tasks.beauty.quality import flag_meanings
+
+    meanings = flag_meanings(pub.min_seconds)
+    lines = ["", "## Quality control", "",
+             "`qc_flag` of each answer (empty: not flagged), decided at home from what the panel server recorded; "
+             "that evidence (whether and when the image was sent, seconds on screen) is not published. Flagged "
+             "answers are kept; beauty_index.csv has the index without them (`beauty_index_unflagged`), and a study "
+             "imported from this bundle flags the same answers.", "",
+             "| qc_flag | meaning | answers |", "|---|---|---|"]
+    for flag in sorted(set(meanings) | set(pub.flags)):
+        lines.append(f"| {md(flag)} | {md(meanings.get(flag, 'carried over from the bundle this study was imported from'))} "
+                     f"| {pub.flags.get(flag, 0)} |")
+    return lines
+
+
+def _datasheet(ctx, prereg_sha: str | None, counts: Counter, groups: list[dict], answers: pa.Table, index: pa.Table,
+               notes: list[str], pub: Published, status=None) -> str:
     d = ctx.definition
     lines = [f"# Datasheet: Beauty Index study `{d.study_id}`", ""]  # study_id: [a-z0-9-]
     lines += [f"**{n}**" for n in notes] + ([""] if notes else [])
@@ -131,14 +226,14 @@ def _datasheet(ctx, prereg_sha: str | None, counts: Counter, answers: pa.Table, 
         "- Score: % of judges who said yes per (tool, prompt); Beauty Index of a tool = mean over the study's "
         "prompts of that (tool, prompt)'s % yes (0-100), with two-way cluster bootstrap intervals (judges x prompts).",
         f"- Prompt suite: {md(d.suite)} (sha256 `{ctx.suite_sha256}`, prompts.jsonl). Tools: {md(', '.join(d.tools))}.",
-        f"- Answers: {answers.num_rows} from {len(set(answers.column('judge_id').to_pylist()))} judges "
+        f"- Answers published: {answers.num_rows} from {len(set(answers.column('judge_id').to_pylist()))} judges "
         f"(source: {', '.join(sorted(set(answers.column('source').to_pylist())))}).",
         "", "## Panel composition (counts only: identities are not published)", "",
         "| group | description | selection criteria | judges |", "|---|---|---|---|",
     ]
-    for g in d.groups:
-        desc = g.description or PUBLISHED_GROUPS.get(g.name, "")
-        lines.append(f"| {md(g.name)} | {md(desc)} | {md(g.selection_criteria or '–')} | {counts.get(g.name, 0)} |")
+    for g in groups:
+        desc = g["description"] or PUBLISHED_GROUPS.get(g["name"], "")
+        lines.append(f"| {md(g['name'])} | {md(desc)} | {md(g['selection_criteria'] or '–')} | {counts.get(g['name'], 0)} |")
     lines += ["", "## Pre-registration", ""]
     if prereg_sha and status is not None and not status.preregistered:
         lines += [f"**Not pre-registered.** preregistration.json (sha256 `{prereg_sha}`) was written at "
@@ -153,20 +248,23 @@ def _datasheet(ctx, prereg_sha: str | None, counts: Counter, answers: pa.Table, 
         lines += ["None: the study was never opened in imagebench (answers imported), so no plan was pinned "
                   "before the answers; the analysis used the settings of study.json."]
     lines += ["", "## Files and schema", "",
-              "- `answers.parquet` / `answers.csv`: one row per judge x image. `judge_id`: salted sha256 of the "
-              "judge's label (the salt is not published, so ids cannot be recomputed from a guessed name); "
+              "- `answers.parquet` / `answers.csv`: one row per published judge x image. `judge_id`: salted sha256 of "
+              "the judge's label (the salt is not published, so ids cannot be recomputed from a guessed name); "
               "`panel_group`; `prompt_id`, `prompt`; `tool`; `answer` (yes/no; Parquet: boolean); `shown_at`, "
-              f"`answered_at` (UTC, floored to {TIME_RESOLUTION_S} s, but never to before the pre-registration's "
+              f"`answered_at` (UTC, {_TIMES_TEXT[pub.choices.times]}, but never to before the pre-registration's "
               "`created_at` when the real time is at or after it, so the times show the plan came first exactly as "
               "the exact times do; the place in the judge's queue is not published, "
               "and rows are sorted by judge, tool and prompt, so no judge's order can be rebuilt); "
-              "`memo_file` (memos/..., only where the judge consented); `source` (panel / import / simulated).",
+              "`qc_flag` (Quality control below); `source` (panel / import / simulated).",
               "- `yes_rates.csv`, `beauty_index.csv` (panel_group `all` and one row per group), `hypotheses.csv`, "
               "`pixel_metrics.csv`: the analysis, as in the lake tables of the same names (docs/BEAUTY.md).",
-              f"- `memos/`: {memos} voice memo(s).",
+              f"- `memos/`: {pub.memos_published} voice recording(s) published with their judge's consent, linked to nothing.",
+              f"- `{ANONYMITY_FILE}`: the export options and the re-identification figures below, for programs.",
               "- `study.json`, `preregistration.json`, `prompts.jsonl`, `LICENSE.txt`, `SHA256SUMS` "
-              "(`sha256sum -c SHA256SUMS` checks the bundle).",
-              "", "## Beauty Index", "", "| rank | tool | Beauty Index [95% CI] | answers |", "|---|---|---|---|"]
+              "(`sha256sum -c SHA256SUMS` checks the bundle)."]
+    lines += _quality_lines(pub)
+    lines += _privacy_lines(pub, d.memo or pub.memos_kept > 0)
+    lines += ["", "## Beauty Index", "", "| rank | tool | Beauty Index [95% CI] | answers |", "|---|---|---|---|"]
     from tasks.beauty.publish import index_text, leaderboard_rows
 
     for r in leaderboard_rows(index):
@@ -177,20 +275,53 @@ def _datasheet(ctx, prereg_sha: str | None, counts: Counter, answers: pa.Table, 
     return "\n".join(lines)
 
 
-def export_study(settings, study_id: str, out: Path) -> Path:
+def _published_memos(settings, ctx) -> tuple[int, dict[str, bytes]]:
+    """(memos kept with an answer, {bundle path: bytes} of those whose judge consented to
+    publication): each re-encoded without container metadata and named by its content's hash."""
+    from tasks.beauty.sources import panel_memos
+    from tasks.panel.memo_audio import PUBLISHED_MEMO_TYPE, MemoRejected, publishable_memo
+
+    kept = panel_memos(ctx)
+    consented = [m for m in kept if m.get("publish_consent_at") is not None]
+    out: dict[str, bytes] = {}
+    if consented:
+        from tasks.runs.units_ingest import open_configured_store
+        from tasks.store.storage import StoredObject
+
+        objects = open_configured_store(settings)
+        for m in consented:
+            data = objects.read(StoredObject(uri="", key=m["object_key"], size=int(m["byte_size"]), etag=""))
+            try:
+                sound = publishable_memo(data, m["media_type"])
+            except MemoRejected as exc:
+                raise ExportError(f"memo {m['object_key']}: cannot be re-encoded for publication ({exc})") from None
+            out[f"memos/{hashlib.sha256(sound).hexdigest()[:32]}.{PUBLISHED_MEMO_TYPE[0]}"] = sound
+    return len(kept), out
+
+
+def _unique_judges(rows: list[dict]) -> int:
+    return len(anonymity_report(rows, known_answers=()).unique_ids)
+
+
+def export_study(settings, study_id: str, out: Path, choices: PublicationChoices | None = None) -> Path:
     """Write the bundle of an analysed study into ``out`` (a new folder, or an earlier bundle,
-    replaced whole). Returns ``out``."""
+    replaced whole), published as ``choices`` say (default: times to the minute, every judge,
+    groups as declared). Raises :class:`ExportRefused`, writing nothing, when a judge would be
+    unique on a published quasi-identifier set. Returns ``out``."""
     from tasks.beauty.prereg import plan_time, public_preregistration, status_of
     from tasks.beauty.publish import SIMULATED_BANNER
-    from tasks.beauty.sources import load_study_context, panel_memos
+    from tasks.beauty.sources import load_study_context
     from tasks.beauty.study import PREREG_FILE
     from tasks.beauty.tables import read_study_partition
     from tasks.lake.tables import Lake
 
+    choices = choices or PublicationChoices()
     out = Path(out)
     if out.exists() and (not out.is_dir() or (any(out.iterdir()) and not (out / BUNDLE_MARKER).is_file())):
         raise ExportError(f"{out} exists and is not an earlier study bundle: choose a new folder")
     ctx = load_study_context(settings, study_id)
+    d = ctx.definition
+    check_groups(choices, [g.name for g in d.groups])
     lake = Lake(settings.lake_dir)
     tables = {t: read_study_partition(lake, t, study_id)
               for t in ("study_answers", "study_rates", "study_index", "study_hypotheses", "study_pixel_metrics")}
@@ -198,55 +329,52 @@ def export_study(settings, study_id: str, out: Path) -> Path:
         raise ExportError(f"study {study_id} has not been analysed: run imagebench study analyze --study {study_id} first")
     answers = tables["study_answers"]
     status = status_of(ctx.prereg, answers)
-    notes = ([SIMULATED_BANNER] if ctx.definition.simulated else []) + ([status.note] if status.note else [])
+    notes = ([SIMULATED_BANNER] if d.simulated else []) + ([status.note] if status.note else [])
+
+    # The rows as the lab holds them (exact times), then as the choices publish them.
+    exact = [{"judge_id": a["judge_id"], "panel_group": a["panel_group"], "prompt_id": a["prompt_id"],
+              "prompt": ctx.prompts.get(a["prompt_id"], ""), "tool": a["tool"], "answer": a["answer"],
+              "shown_at": a["shown_at"], "answered_at": a["answered_at"], "qc_flag": a["qc_flag"], "source": a["source"]}
+             for a in answers.to_pylist()]
+    full_queue, created = len(d.tools) * len(ctx.prompt_ids), plan_time(ctx.prereg)
+    rows, withheld = apply_choices(exact, choices, full_queue, created)
+    report = anonymity_report(rows)
+    if report.unique_ids:
+        sizes = Counter({a["panel_group"]: 0 for a in exact})
+        sizes.update(g for g in {a["judge_id"]: a["panel_group"] for a in exact}.values())
+        raise ExportRefused(refusal(study_id, report, choices,
+                                    lambda alt: _unique_judges(apply_choices(exact, alt, full_queue, created)[0]), sizes))
+    rows.sort(key=lambda r: (r["judge_id"], r["tool"], r["prompt_id"]))  # not the order they were answered in
+    memos_kept, memo_files = _published_memos(settings, ctx)
+    pub = Published(choices, withheld, report, memos_kept, len(memo_files),
+                    Counter(r["qc_flag"] for r in rows if r["qc_flag"] is not None), d.quality.min_seconds_on_screen)
 
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}."))
     try:
-        # memos: consented ones only, named by salted judge id and queue position
-        memo_files: dict[tuple[str, int], str] = {}
-        memos = panel_memos(ctx)
-        if memos:
-            from tasks.beauty.sources import study_salt
-            from tasks.store.storage import StoredObject
-            from tasks.runs.units_ingest import open_configured_store
-
-            salt, objects = study_salt(ctx.study_dir), open_configured_store(settings)
+        if memo_files:
             (tmp / "memos").mkdir()
-            for m in memos:
-                jid = salted_judge_id(salt, m["label"])
-                ext = Path(m["object_key"]).suffix.lstrip(".").lower() or "bin"
-                # named by a keyed hash, not the queue position (which would publish the judge's order)
-                opaque = hashlib.sha256(f"{salt}:memo:{jid}:{int(m['position'])}".encode()).hexdigest()[:16]
-                name = f"memos/{jid}-{opaque}.{ext}"
-                data = objects.read(StoredObject(uri="", key=m["object_key"], size=int(m["byte_size"]), etag=""))
-                (tmp / name).write_bytes(data)
-                memo_files[(jid, int(m["position"]))] = name
-
-        rows, created = [], plan_time(ctx.prereg)
-        for a in answers.to_pylist():
-            rows.append({
-                "judge_id": a["judge_id"], "panel_group": a["panel_group"], "prompt_id": a["prompt_id"],
-                "prompt": ctx.prompts.get(a["prompt_id"], ""), "tool": a["tool"], "answer": a["answer"],
-                "shown_at": export_time(a["shown_at"], created), "answered_at": export_time(a["answered_at"], created),
-                "memo_file": memo_files.get((a["judge_id"], a["position"])) if a["position"] is not None else None,
-                "source": a["source"],
-            })
-        rows.sort(key=lambda r: (r["judge_id"], r["tool"], r["prompt_id"]))  # not the order they were answered in
+            for name, sound in sorted(memo_files.items()):
+                (tmp / name).write_bytes(sound)
         public = pa.Table.from_pylist(rows, schema=pa.schema([
             ("judge_id", pa.string()), ("panel_group", pa.string()), ("prompt_id", pa.string()), ("prompt", pa.string()),
             ("tool", pa.string()), ("answer", pa.bool_()), ("shown_at", answers.schema.field("shown_at").type),
             ("answered_at", answers.schema.field("answered_at").type),
-            ("memo_file", pa.string()), ("source", pa.string())]))
+            ("qc_flag", pa.string()), ("source", pa.string())]))
         pq.write_table(public, tmp / "answers.parquet", compression="zstd")
         (tmp / "answers.csv").write_text(_csv(public), encoding="utf-8")
+        merged_away = set(choices.group_map())
+        index = tables["study_index"]
+        if merged_away:  # per-group rows of merged groups would tell which judges form each group
+            index = index.filter(pc.invert(pc.is_in(index.column("panel_group"), pa.array(sorted(merged_away)))))
         for table, name in (("study_rates", "yes_rates"), ("study_index", "beauty_index"),
                             ("study_hypotheses", "hypotheses"), ("study_pixel_metrics", "pixel_metrics")):
-            (tmp / f"{name}.csv").write_text(_csv(tables[table]), encoding="utf-8")
+            (tmp / f"{name}.csv").write_text(_csv(index if table == "study_index" else tables[table]), encoding="utf-8")
 
-        groups_of = {a["judge_id"]: a["panel_group"] for a in rows}
-        counts = Counter(groups_of.values())
-        (tmp / "study.json").write_text(json.dumps(_public_definition(ctx.definition, counts), indent=1, sort_keys=True) + "\n")
+        counts = Counter({r["judge_id"]: r["panel_group"] for r in rows}.values())
+        public_definition = _public_definition(d, counts, choices)
+        (tmp / "study.json").write_text(json.dumps(public_definition, indent=1, sort_keys=True) + "\n")
+        (tmp / ANONYMITY_FILE).write_text(json.dumps(pub.to_json(), indent=1, sort_keys=True, default=str) + "\n")
         prereg_sha = None
         if ctx.prereg is not None:
             data, redacted = public_preregistration((ctx.study_dir / PREREG_FILE).read_bytes())
@@ -258,7 +386,8 @@ def export_study(settings, study_id: str, out: Path) -> Path:
             "".join(json.dumps({"prompt_id": p, "prompt": ctx.prompts[p]}) + "\n" for p in ctx.prompt_ids))
         (tmp / "LICENSE.txt").write_text(CC_BY)
         (tmp / BUNDLE_MARKER).write_text(
-            _datasheet(ctx, prereg_sha, counts, answers, tables["study_index"], len(memo_files), notes, status), encoding="utf-8")
+            _datasheet(ctx, prereg_sha, counts, public_definition["groups"], public, tables["study_index"], notes, pub,
+                       status), encoding="utf-8")
         files = sorted(p for p in tmp.rglob("*") if p.is_file())
         (tmp / "SHA256SUMS").write_text("".join(
             f"{hashlib.sha256(p.read_bytes()).hexdigest()}  {p.relative_to(tmp).as_posix()}\n" for p in files))

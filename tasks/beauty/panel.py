@@ -9,7 +9,8 @@ Answers: POSTed with the position and image id they answer; recorded (durably) b
 redirect to the next image; a double click or a retried POST records one answer. Memo: recorded in
 the browser (MediaRecorder, stopped at 10 s), uploaded only when the judge ticks consent, size- and
 type-checked, stored in the object store under ``studies/<id>/memos/<opaque id>.<ext>`` and linked
-to the answer.
+to the answer; a second, separate box (unticked by default) records the judge's consent to
+publishing the recording in the open-data bundle (``publish=1``, kept with its time).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, RedirectResponse, Response
 from starlette.concurrency import run_in_threadpool
 
-from schemas.study import MEMO_MAX_SECONDS
+from schemas.study import MEMO_KEEP_CONSENT, MEMO_MAX_SECONDS, MEMO_PUBLISH_CONSENT
 from tasks.panel.app import COOKIES, CSS, MAX_POSITION, PanelShell, _message, _page, parse_position, refusal
 from tasks.panel.blind import opaque_id
 from tasks.panel.limits import BodyLimit
@@ -68,6 +69,7 @@ document.addEventListener('keydown',function(e){ if(e.ctrlKey||e.metaKey||e.altK
   form.requestSubmit(document.getElementById(k==='y'?'yes':'no')); });
 var rec=document.getElementById('rec'); if(!rec) return;
 var state=document.getElementById('memo-state'), consent=document.getElementById('consent'), mr=null, timer=null;
+var publish=document.getElementById('publish-consent');  // the separate consent to publishing the recording
 var maxMs=parseInt(rec.dataset.maxSeconds,10)*1000, pos=form.querySelector('[name=position]').value;
 rec.addEventListener('click',function(){
   if(mr&&mr.state==='recording'){ mr.stop(); return; }
@@ -78,7 +80,7 @@ rec.addEventListener('click',function(){
     mr.onstop=function(){ clearTimeout(timer); stream.getTracks().forEach(function(t){t.stop();});
       var type=(mr.mimeType||'audio/webm').split(';')[0]; var blob=new Blob(chunks,{type:type});
       pending=true; state.textContent='Saving memo...'; rec.textContent='Record memo';
-      fetch('/memo?position='+encodeURIComponent(pos)+'&consent=1',{method:'POST',body:blob,headers:{'Content-Type':type},credentials:'same-origin'})
+      fetch('/memo?position='+encodeURIComponent(pos)+'&consent=1&publish='+(publish&&publish.checked?'1':'0'),{method:'POST',body:blob,headers:{'Content-Type':type},credentials:'same-origin'})
         .then(function(r){ return r.json().then(function(j){ if(!r.ok) throw new Error(j.error||r.status); return j; }); })
         .then(function(j){ document.getElementById('memo_id').value=j.memo_id; state.textContent='Memo saved.'; rec.disabled=true; })
         .catch(function(err){ state.textContent='Memo not saved: '+err.message; })
@@ -143,8 +145,12 @@ def create_app(settings, study_id: str, public_url: str | None = None) -> FastAP
         pct = 100.0 * item.position / item.total
         memo = ""
         if definition.memo:
-            memo = (f'<div id="memo"><label><input type="checkbox" id="consent"> I agree that a voice memo I record is kept '
-                    f'with my answer (optional, at most {MEMO_MAX_SECONDS} seconds: what was the feeling?)</label><br>'
+            # Two consents, ticked separately: keeping the memo, and (optional, unticked) publishing
+            # the recording itself in the open data (issue 27 item 1; recorded with its time).
+            memo = (f'<div id="memo"><label><input type="checkbox" id="consent"> {html.escape(MEMO_KEEP_CONSENT)} '
+                    f'(optional, at most {MEMO_MAX_SECONDS} seconds: what was the feeling?)</label><br>'
+                    f'<label><input type="checkbox" id="publish-consent"> {html.escape(MEMO_PUBLISH_CONSENT)} '
+                    f'(optional)</label><br>'
                     f'<button type="button" id="rec" data-max-seconds="{MEMO_MAX_SECONDS}">Record memo</button> '
                     f'<span id="memo-state"></span></div>')
         body = f"""<div class="bar" role="progressbar" aria-valuemin="0" aria-valuemax="{item.total}" aria-valuenow="{item.position}">
@@ -183,7 +189,7 @@ def create_app(settings, study_id: str, public_url: str | None = None) -> FastAP
         return RedirectResponse("/judge", status_code=303)
 
     @app.post("/memo")
-    async def memo(request: Request, position: str = "", consent: str = "0") -> Response:
+    async def memo(request: Request, position: str = "", consent: str = "0", publish: str = "0") -> Response:
         label = await shell.label(request, "judge")
         if label is None:
             return JSONResponse({"error": "no session"}, status_code=401)
@@ -213,7 +219,7 @@ def create_app(settings, study_id: str, public_url: str | None = None) -> FastAP
 
                 raise StudyClosed(f"study {study_id} is closed: it accepts no memos")
             objects.write(key, data)
-            store.record_memo(label, pos, memo_id, key, media_type, len(data))
+            store.record_memo(label, pos, memo_id, key, media_type, len(data), publish=publish == "1")
 
         try:
             await run_in_threadpool(_save)

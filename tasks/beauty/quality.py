@@ -4,8 +4,10 @@ The panel server records, per answer, whether it had sent the image's bytes to t
 the answer (``image_loaded``) and the seconds from then to the answer (``seconds_on_screen``;
 tasks/beauty/store.py). An answer is flagged (``qc_flag``) when its image was never loaded, or
 when it came faster than the study's ``quality.min_seconds_on_screen``. Answers without that
-evidence (imported, simulated: null) are not flagged: nothing is known against them. Flagged
-answers are kept; the analysis computes the Beauty Index with and without them.
+evidence (imported, simulated: null) keep the flag they came with: a study bundle publishes each
+answer's ``qc_flag`` (not its evidence), so an imported study flags what the home study flagged
+(issue 27 item 3); simulated answers come with none. Flagged answers are kept; the analysis
+computes the Beauty Index with and without them.
 """
 
 from __future__ import annotations
@@ -24,6 +26,16 @@ def too_fast(min_seconds: float) -> str:
     return f"faster than {min_seconds:g} s"
 
 
+def flag_meanings(min_seconds: float) -> dict[str, str]:
+    """Each flag an answer can carry, and what it means (the datasheet's legend; `study
+    import-bundle` accepts these and no other)."""
+    return {
+        NOT_LOADED: "the panel server never sent the image's bytes to the judge before the answer",
+        too_fast(min_seconds): f"answered less than {min_seconds:g} s (study.json quality.min_seconds_on_screen) "
+                               "after the server sent the image",
+    }
+
+
 def qc_flag(image_loaded: bool | None, seconds_on_screen: float | None, min_seconds: float) -> str | None:
     """Why one answer is flagged, or None."""
     if image_loaded is None:
@@ -36,10 +48,13 @@ def qc_flag(image_loaded: bool | None, seconds_on_screen: float | None, min_seco
 
 
 def flag_answers(answers: pa.Table, min_seconds: float) -> pa.Table:
-    """``answers`` with ``qc_flag`` filled from ``image_loaded`` and ``seconds_on_screen``."""
+    """``answers`` with ``qc_flag`` filled from ``image_loaded`` and ``seconds_on_screen``; an
+    answer without that evidence (null ``image_loaded``: imported) keeps the flag it came with."""
     loaded = answers.column("image_loaded").to_pylist()
     secs = answers.column("seconds_on_screen").to_pylist()
-    flags = pa.array([qc_flag(ld, s, min_seconds) for ld, s in zip(loaded, secs)], pa.string())
+    given = answers.column("qc_flag").to_pylist()
+    flags = pa.array([qc_flag(ld, s, min_seconds) if ld is not None else g for ld, s, g in zip(loaded, secs, given)],
+                     pa.string())
     return answers.set_column(answers.schema.get_field_index("qc_flag"), answers.schema.field("qc_flag"), flags)
 
 

@@ -84,8 +84,11 @@ memos = Table(
     Column("object_key", String(1024), nullable=False),
     Column("media_type", String(64), nullable=False),
     Column("byte_size", Integer, nullable=False),
-    Column("consent", Boolean, nullable=False),
+    Column("consent", Boolean, nullable=False),  # to keeping it with the answer (the upload needs it)
     Column("uploaded_at", BigInteger, nullable=False),
+    # When the judge also ticked the separate consent to publishing the recording in the open-data
+    # bundle (schemas.study.MEMO_PUBLISH_CONSENT); null = never published (issue 27 item 1).
+    Column("publish_consent_at", BigInteger),
 )
 sessions = Table(
     "panel_sessions", metadata,
@@ -265,17 +268,21 @@ class PanelStore(SqlStore):
                                                      answered_at=max(now_us(), q.shown_at), memo_id=memo_id,
                                                      image_served_at=q.image_served_at))
 
-    def record_memo(self, label: str, position: int, memo_id: str, object_key: str, media_type: str, byte_size: int) -> None:
-        """A memo uploaded with the judge's consent, for the judge's current (unanswered) image."""
+    def record_memo(self, label: str, position: int, memo_id: str, object_key: str, media_type: str, byte_size: int,
+                    publish: bool = False) -> None:
+        """A memo uploaded with the judge's consent, for the judge's current (unanswered) image;
+        ``publish``: the judge also gave the separate consent to publishing the recording, recorded
+        with its time."""
         sid = self.study_id
         with self._tx() as c:
             self._require_open(c)
             done = c.execute(select(func.count()).select_from(answers).where(answers.c.study_id == sid, answers.c.label == label)).scalar()
             if position != done:
                 raise OutOfOrder(f"a memo can only go with the judge's current image (position {done})")
+            now = now_us()
             c.execute(memos.insert().values(study_id=sid, memo_id=memo_id, label=label, position=position,
                                             object_key=object_key, media_type=media_type, byte_size=byte_size,
-                                            consent=True, uploaded_at=now_us()))
+                                            consent=True, uploaded_at=now, publish_consent_at=now if publish else None))
 
     # ---- admin and export -----------------------------------------------------------------
     def judge_progress(self) -> list[dict]:

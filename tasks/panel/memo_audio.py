@@ -7,6 +7,11 @@ that container carries for browsers; then every packet is decoded, which proves 
 audio and gives its real duration (MediaRecorder's WebM has no duration in its header). A WebM is
 also checked to declare DocType ``webm`` (the Matroska demuxer reads both). Decoding stops as soon
 as the duration passes the limit, so a tiny file that claims hours costs nothing.
+
+``publishable_memo`` (issue 27 item 1): a memo a judge agreed to publish, decoded and encoded
+again as Ogg Opus, so that nothing of the upload's container reaches the open-data bundle: no
+title, artist or creation time a recorder or browser wrote, no muxing or writing application,
+no encoder version (FFmpeg's bitexact mode), only the sound.
 """
 
 from __future__ import annotations
@@ -103,3 +108,38 @@ def check_memo(data: bytes, media_type: str, max_seconds: float) -> MemoAudio:
     if not rate or samples == 0:
         raise MemoRejected(f"the memo is not {media_type} audio (no decodable sound)")
     return MemoAudio(ext, codec, rate, samples / rate)
+
+
+PUBLISHED_MEMO_TYPE = ("ogg", "audio/ogg")  # extension and media type of a published memo
+PUBLISHED_MEMO_RATE = 48000  # Opus's own rate; a memo is mixed down to one channel
+
+
+def publishable_memo(data: bytes, media_type: str) -> bytes:
+    """The memo's sound alone, as Ogg Opus (mono, 48 kHz, 48 kbit/s): a new container with no tag
+    (container or stream metadata) and FFmpeg's version strings left out (``bitexact``), so the
+    same upload always gives the same bytes. Raises :class:`MemoRejected` if it does not decode."""
+    import av
+
+    if media_type not in MEMO_CONTAINERS:
+        raise MemoRejected(f"memo type {media_type or 'missing'} not accepted (audio only)")
+    demuxer = MEMO_CONTAINERS[media_type][1]
+    out = io.BytesIO()
+    try:
+        with av.open(io.BytesIO(data), mode="r", format=demuxer) as source, \
+                av.open(out, mode="w", format="ogg", options={"fflags": "+bitexact"}) as target:
+            audio = source.streams.audio[0]
+            stream = target.add_stream("libopus", rate=PUBLISHED_MEMO_RATE)
+            stream.layout = "mono"
+            stream.bit_rate = 48000
+            stream.codec_context.flags |= av.codec.context.Flags.bitexact
+            for frame in source.decode(audio):
+                frame.pts = None  # timing is the encoder's own: nothing of the upload's clock is kept
+                for packet in stream.encode(frame):
+                    target.mux(packet)
+            for packet in stream.encode(None):
+                target.mux(packet)
+            target.metadata.clear()
+            stream.metadata.clear()
+    except (av.FFmpegError, IndexError) as exc:
+        raise MemoRejected(f"the memo is not {media_type} audio ({getattr(exc, 'strerror', None) or type(exc).__name__})") from None
+    return out.getvalue()

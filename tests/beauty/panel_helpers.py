@@ -36,7 +36,8 @@ def workspace(home: Path, mp: pytest.MonkeyPatch, tools=TOOLS):
     return settings
 
 
-def write_definition(settings, study_id: str, judges=JUDGES, tools=TOOLS, resamples: int = 100) -> Path:
+def write_definition(settings, study_id: str, judges=JUDGES, tools=TOOLS, resamples: int = 100, **fields) -> Path:
+    """study.yaml of a test study (``fields``: more of its keys, e.g. ``quality``)."""
     from tasks.beauty.study import study_dir
 
     d = study_dir(settings, study_id)
@@ -44,7 +45,7 @@ def write_definition(settings, study_id: str, judges=JUDGES, tools=TOOLS, resamp
     (d / "study.yaml").write_text(yaml.safe_dump({
         "study_id": study_id, "tools": list(tools), "host_tool": tools[-1], "memo": False,
         "judges": [{"label": label, "group": group} for label, group in judges],
-        "analysis": {"bootstrap_resamples": resamples, "permutations": 100},
+        "analysis": {"bootstrap_resamples": resamples, "permutations": 100}, **fields,
     }))
     return d
 
@@ -75,15 +76,20 @@ def panel_clock(mp: pytest.MonkeyPatch, start: datetime, step: timedelta) -> Non
 
 def open_and_answer(settings, study_id: str, answer: Callable[[str, str, str], bool], judges=JUDGES,
                     stop_after: dict[str, int] | None = None, opened_ago: timedelta = timedelta(hours=2),
-                    legacy_seed: int | None = None, opened_at: datetime | None = None) -> Study:
+                    legacy_seed: int | None = None, opened_at: datetime | None = None, interleave: bool = False,
+                    loads_image: Callable[[str, str, str], bool] | None = None, **fields) -> Study:
     """Open the study (its plan dated ``opened_ago`` before now, or at ``opened_at``) and let each
     judge answer through the panel store: ``answer(label, tool, prompt_id)``; ``stop_after[label]``
     answers at most (0: never started). ``legacy_seed``: a format-/1 pre-registration (the seed
-    published in the plan, as studies opened before issue 16 have) written before the open."""
+    published in the plan, as studies opened before issue 16 have) written before the open.
+    ``interleave``: the judges take turns, one answer each per round (a panel answering at the same
+    time), instead of one judge after the other. ``loads_image(label, tool, prompt_id)``: whether
+    the judge's browser fetches the image before answering (the store's quality-control evidence;
+    default: never). ``fields``: more keys of study.yaml."""
     from tasks.beauty.study import open_study
     from tasks.beauty.store import PanelStore
 
-    write_definition(settings, study_id, judges)
+    write_definition(settings, study_id, judges, **fields)
     opened_at = opened_at or datetime.now(UTC) - opened_ago
     if legacy_seed is not None:
         write_legacy_preregistration(settings, study_id, legacy_seed, opened_at)
@@ -91,13 +97,29 @@ def open_and_answer(settings, study_id: str, answer: Callable[[str, str, str], b
     panel = PanelStore.open(opened.study_dir, study_id=study_id)
     try:
         pairs = {r["image_id"]: (r["tool"], r["prompt_id"]) for r in panel.image_rows()}
-        for label, _ in judges:
+
+        def answer_next(label: str) -> bool:
+            """The judge's next answer; False when they are done (or stopped)."""
             limit = (stop_after or {}).get(label)
-            done = 0
-            while (item := panel.next_item(label)) is not None and (limit is None or done < limit):
-                tool, prompt = pairs[item.image_id]
-                panel.record_answer(label, item.position, item.image_id, answer(label, tool, prompt))
-                done += 1
+            if limit is not None and panel.progress_of(label)[0] >= limit:
+                return False
+            item = panel.next_item(label)
+            if item is None:
+                return False
+            tool, prompt = pairs[item.image_id]
+            if loads_image is not None and loads_image(label, tool, prompt):
+                panel.serve_image(label, item.image_id)
+            panel.record_answer(label, item.position, item.image_id, answer(label, tool, prompt))
+            return True
+
+        if interleave:
+            active = [label for label, _ in judges]
+            while active:
+                active = [label for label in active if answer_next(label)]
+        else:
+            for label, _ in judges:
+                while answer_next(label):
+                    pass
     finally:
         panel.dispose()
     return Study(study_id, opened.study_dir, opened_at)

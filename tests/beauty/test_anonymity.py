@@ -104,8 +104,11 @@ def _pairs(settings) -> list[tuple[str, str]]:
 
 
 def test_bundle_alone_matches_no_judge(tmp_path, monkeypatch):
-    """Answers 61 s apart (the panel's clock made explicit), so the bundle's minute-floored times
-    keep every judge's answering order: the time path of the attack has teeth. Given the private
+    """The judges answer side by side, one image each per turn, every clock reading 8 s after the
+    last (the panel's clock made explicit): each judge's answers are 64 s apart, so the bundle's
+    minute-floored times keep every judge's answering order and the time path of the attack has
+    teeth, while the judges of a group share their first and last minute (the export refuses a
+    judge unique on those, issue 27 item 2). Given the private
     order secret, it matches every judge from the bundle's rows; from the bundle alone (its own
     numbers and hashes as keys, guessed labels) it matches none. Were the secret (or a seed) in
     the bundle, the second attack would find it and match them all."""
@@ -113,8 +116,8 @@ def test_bundle_alone_matches_no_judge(tmp_path, monkeypatch):
 
     settings = workspace(tmp_path / "home", monkeypatch)
     opened_at = (datetime.now(UTC) - timedelta(hours=12)).replace(second=0, microsecond=0)
-    panel_clock(monkeypatch, opened_at + timedelta(minutes=1), timedelta(seconds=61))
-    study = open_and_answer(settings, "anon", _answer, opened_at=opened_at)
+    panel_clock(monkeypatch, opened_at + timedelta(minutes=1), timedelta(seconds=8))
+    study = open_and_answer(settings, "anon", _answer, opened_at=opened_at, interleave=True)
     analyse(settings, "anon")
     r = cli("study", "export", "--study", "anon", "--out", str(tmp_path / "bundle"))
     assert r.exit_code == 0, r.output
@@ -145,8 +148,8 @@ def test_study_opened_before_the_change_still_analyses_and_its_seed_is_withheld(
     the plan without the seed, naming the original's sha256."""
     settings = workspace(tmp_path / "home", monkeypatch)
     opened_at = (datetime.now(UTC) - timedelta(hours=12)).replace(second=0, microsecond=0)
-    panel_clock(monkeypatch, opened_at + timedelta(minutes=1), timedelta(seconds=61))  # one minute per answer
-    study = open_and_answer(settings, "legacy", _answer, legacy_seed=424242, opened_at=opened_at)
+    panel_clock(monkeypatch, opened_at + timedelta(minutes=1), timedelta(seconds=8))  # 64 s between a judge's answers
+    study = open_and_answer(settings, "legacy", _answer, legacy_seed=424242, opened_at=opened_at, interleave=True)
     tables = analyse(settings, "legacy")
     assert tables.tables["study_index"].num_rows and not any("not pre-registered" in n for n in tables.notes)
     # With the published seed and the positions the old bundle had, every judge was matched.

@@ -40,7 +40,8 @@ def labs(prefect_harness, tmp_path_factory):
             settings = workspace(root / lab, mp)
             open_and_answer(settings, lab, _answers_from(seed))
             analyse(settings, lab)
-            r = cli("study", "export", "--study", lab, "--out", str(root / f"{lab}-bundle"))
+            # times withheld: the judges answered one after the other, each in minutes of their own
+            r = cli("study", "export", "--study", lab, "--out", str(root / f"{lab}-bundle"), "--times", "none")
             assert r.exit_code == 0, r.output
             out["bundles"][lab] = root / f"{lab}-bundle"
             out["boards"][lab] = json.loads(cli("study", "leaderboard", "--study", lab, "--format", "json").stdout)
@@ -65,15 +66,13 @@ def labs(prefect_harness, tmp_path_factory):
 def test_imported_bundles_analyse_like_the_native_studies(labs):
     for r in labs["imports"] + labs["analyze"]:
         assert r.exit_code == 0, r.output
-    qc = ("flagged_answers", "beauty_index_unflagged", "beauty_index_unflagged_lo", "beauty_index_unflagged_hi")
     for lab in LABS:
-        # Same answers, same pre-registered analysis settings: the same Beauty Index and intervals.
+        # Same answers, same pre-registered analysis settings, the same quality-control flags (each
+        # answer's flag is in the bundle, issue 27 item 3; these judges never loaded an image): the
+        # same Beauty Index and intervals, with and without the flagged answers.
         home, here = labs["boards"][lab], labs["boards_here"][lab]
-        assert [{k: v for k, v in r.items() if k not in qc} for r in here] == [{k: v for k, v in r.items() if k not in qc} for r in home]
-        # Quality control's evidence (image loaded, time on screen) stays with the panel that saw it:
-        # a bundle carries none, so an imported study flags nothing and its index without flagged
-        # answers is its index (docs/BEAUTY.md, "Quality control").
-        assert all(r["flagged_answers"] == 0 and r["beauty_index_unflagged"] == r["beauty_index"] for r in here)
+        assert here == home
+        assert all(r["flagged_answers"] == r["answers"] > 0 for r in here)
     assert "SHA256SUMS verified" in labs["imports"][0].output
     assert labs["again"].exit_code == 1 and "already exists in this workspace" in labs["again"].output
 
@@ -169,9 +168,12 @@ def test_import_gives_the_home_verdict_when_answers_share_the_minute_of_the_open
 
     settings = workspace(tmp_path / "home", monkeypatch)
     opened_at = (datetime.now(UTC) - timedelta(hours=2)).replace(second=30, microsecond=123456)
-    # 4 judges x 30 images, two clock readings per answer, 0.1 s apart: all within the open's minute
+    # 4 judges x 30 images, two clock readings per answer, 0.1 s apart: all within the open's minute.
+    # The judges take turns (one answer each per turn): from 6 s before the open, each of them has
+    # answers on both sides of the plan, so none is alone on that side (issue 27 item 2: the side
+    # of the plan is published, and a judge unique on it would be refused).
     panel_clock(monkeypatch, opened_at + timedelta(seconds=first_answer_s), timedelta(milliseconds=100))
-    open_and_answer(settings, "minute", _answers_from(11), opened_at=opened_at)
+    open_and_answer(settings, "minute", _answers_from(11), opened_at=opened_at, interleave=True)
     notes = [n for n in analyse(settings, "minute").notes if "pre-registered" in n]
     shown = read_study_partition(Lake(settings.lake_dir), "study_answers", "minute").column("shown_at").to_pylist()
     assert {t.replace(second=0, microsecond=0) for t in shown} == {opened_at.replace(second=0, microsecond=0)}

@@ -1,7 +1,8 @@
 """Issue 16 items 3, 6 and 12 through the real commands.
 
 - 3: `study analyze` (the real Prefect flow) finishes on a panel whose judges stopped halfway or
-  never started, and on a study of one answer; export then works.
+  never started, and on a study of one answer; export then works with the options that keep
+  every published judge from being unique (issue 27 item 2), and refuses the study of one judge.
 - 6: `study open` is refused on a study that already has answers; answers that predate the
   pre-registration mark the study "not pre-registered" on the leaderboard, the report page and
   the datasheet, and such a bundle cannot be imported as pre-registered.
@@ -37,7 +38,13 @@ def test_partial_panel_and_one_answer_analyse_then_export(prefect_harness, tmp_p
     assert all(t in out for t in TOOLS) and all(f"H{i}" in out for i in range(1, 6))
     assert out.rindex("H5") > max(out.rindex(t) for t in TOOLS)
     assert any(v in out[out.index("H1"):] for v in ("not tested", "supported"))
+    # Issue 27 item 2: as collected, every judge is unique (two by their answer count, two alone in
+    # their group); withheld partial judges, merged groups and no times publish the other two.
     r = cli("study", "export", "--study", "partial", "--out", str(tmp_path / "bundle-partial"))
+    assert r.exit_code == 1 and "export refused: 4 of 4 judges would be unique" in " ".join(r.output.split()), r.output
+    assert not (tmp_path / "bundle-partial").exists()
+    r = cli("study", "export", "--study", "partial", "--out", str(tmp_path / "bundle-partial"), "--drop-partial-judges",
+            "--merge-groups", "photographers+aphantasia", "--times", "none")
     assert r.exit_code == 0, r.output
 
     # a study of one answer: every hypothesis says why it was not tested; nothing crashes
@@ -48,8 +55,8 @@ def test_partial_panel_and_one_answer_analyse_then_export(prefect_harness, tmp_p
                                  "ORDER BY hypothesis", "--format", "json").stdout)
     assert [h["verdict"] for h in hyps] == ["not tested"] * 5 and all(h["detail"] for h in hyps)
     assert "two tools, two prompts and two judges" in hyps[2]["detail"]
-    r = cli("study", "export", "--study", "one", "--out", str(tmp_path / "bundle-one"))
-    assert r.exit_code == 0, r.output
+    r = cli("study", "export", "--study", "one", "--out", str(tmp_path / "bundle-one"), "--times", "none")
+    assert r.exit_code == 1 and "a study of one judge cannot be published anonymously" in " ".join(r.output.split())
 
 
 def _csv(path: Path, rows: list[dict]) -> Path:
@@ -99,7 +106,8 @@ def test_answers_that_predate_the_plan_are_marked_not_preregistered_everywhere(t
     (link,) = build_study_pages(settings, tmp_path / "site")
     page = (tmp_path / "site" / link.page).read_text()
     assert "NOT pre-registered" in page and "answers predate the pre-registration" in page
-    r = cli("study", "export", "--study", "late-plan", "--out", str(tmp_path / "bundle"))
+    # Each judge answered on a day of their own: only the times withheld keep them apart (issue 27 item 2).
+    r = cli("study", "export", "--study", "late-plan", "--out", str(tmp_path / "bundle"), "--times", "none")
     assert r.exit_code == 0, r.output
     sheet = (tmp_path / "bundle" / "datasheet.md").read_text()
     assert "**Not pre-registered.**" in sheet and "written once at open" not in sheet

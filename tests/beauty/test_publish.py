@@ -117,7 +117,8 @@ def published(prefect_harness, tmp_path_factory):
         rows = _answer_rows()
         imported = _cli("study", "import-answers", str(_write_csv(root / "answers.csv", rows)), "--study", STUDY)
         summary = study_analyze_flow(STUDY, mixed_resamples=3)
-        exported = _cli("study", "export", "--study", STUDY, "--out", str(root / "bundle"))
+        # each judge answered on a day of their own: no times, or every judge would be unique (issue 27)
+        exported = _cli("study", "export", "--study", STUDY, "--out", str(root / "bundle"), "--times", "none")
         links = build_study_pages(settings, root / "report")
         board = _cli("study", "leaderboard", "--study", STUDY, "--format", "json")
         sql = _cli("sql", f"SELECT source, count(*) AS n FROM study_answers WHERE study_id = '{STUDY}' GROUP BY source",
@@ -231,8 +232,9 @@ def test_report_page(published):
 
 
 def test_panel_answers_flow_to_tables_and_export_without_tokens(tmp_path, monkeypatch):
-    """Answers recorded through the panel store (with a consented memo) are what the analysis
-    reads; the bundle carries the memo and no token, label or IP."""
+    """Answers recorded through the panel store (with a memo kept with consent) are what the
+    analysis reads; the bundle carries no token, label, IP, nor the memo (not consented for
+    publication)."""
     from tasks.beauty import publish
     from tasks.beauty.sources import collect_answers, load_study_context
     from tasks.beauty.study import memo_key, open_study
@@ -272,13 +274,16 @@ def test_panel_answers_flow_to_tables_and_export_without_tokens(tmp_path, monkey
     # one study, one source: an import into a study whose panel has answers is refused
     r = _cli("study", "import-answers", str(_write_csv(tmp_path / "a.csv", _answer_rows()[:2])), "--study", STUDY)
     assert r.exit_code == 1 and "already has 40 answers from its panel app" in r.output
-    r = _cli("study", "export", "--study", STUDY, "--out", str(tmp_path / "bundle"))
+    # two judges in two groups, each alone in theirs: published as one group (issue 27 item 2)
+    r = _cli("study", "export", "--study", STUDY, "--out", str(tmp_path / "bundle"), "--times", "none",
+             "--merge-groups", "photographers+aphantasia")
     assert r.exit_code == 0, r.output
     bundle = tmp_path / "bundle"
-    memos = list((bundle / "memos").iterdir())
-    assert len(memos) == 1 and memos[0].read_bytes().endswith(b"webm memo bytes")
+    # the memo was kept with the judge's consent, not consented for publication: it stays here (issue 27 item 1)
+    assert not (bundle / "memos").exists()
+    assert "1 memo(s) were kept by the lab with the judge's consent" in (bundle / "datasheet.md").read_text()
     exported = pq.read_table(bundle / "answers.parquet").to_pylist()
-    assert sum(1 for a in exported if a["memo_file"]) == 1
+    assert "memo_file" not in exported[0] and "memo" not in exported[0]
     assert "image_id" not in exported[0]  # opaque ids stay with the panel
     secrets = ["Zorro-Label", opened.admin_token, *opened.judge_tokens.values(), "127.0.0.1",
                (opened.study_dir / "judge-salt").read_text().strip(), str(settings.home)]

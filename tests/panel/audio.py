@@ -37,3 +37,24 @@ def wav_audio(seconds: float, rate: int = 16000) -> bytes:
         w.setframerate(rate)
         w.writeframes(bytes(2 * int(seconds * rate)))
     return buf.getvalue()
+
+
+def tagged_webm(seconds: float, tags: dict[str, str]) -> bytes:
+    """A WebM memo as a recorder might leave it: the tone of ``encoded_audio`` remuxed with
+    ``tags`` in the container's and the stream's metadata (FFmpeg also writes its muxing and
+    writing application)."""
+    import av
+
+    source = encoded_audio("webm", seconds)
+    buf = io.BytesIO()
+    with av.open(io.BytesIO(source)) as inp, av.open(buf, mode="w", format="webm") as out:
+        out.metadata.update(tags)
+        audio = inp.streams.audio[0]
+        stream = out.add_stream_from_template(audio)
+        stream.metadata.update(tags)
+        for packet in inp.demux(audio):
+            if packet.dts is None:
+                continue
+            packet.stream = stream
+            out.mux(packet)
+    return buf.getvalue()

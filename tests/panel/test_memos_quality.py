@@ -1,9 +1,10 @@
-"""Memo attribution through to the open-data bundle (issue 16 item 5) and quality-control
-evidence through to the analysis (item 9), over the real app on loopback, the real analysis and
-the real export command."""
+"""Memos through to the open-data bundle (issue 16 item 5, issue 27 item 1) and quality-control
+evidence through to the analysis (issue 16 item 9), over the real app on loopback, the real
+analysis and the real export command."""
 
 from __future__ import annotations
 
+import json
 import re
 
 import httpx
@@ -22,18 +23,38 @@ def _current(page: str) -> tuple[int, str]:
     return pos, img
 
 
-def _memo(c: httpx.Client, pos: int, data: bytes) -> str:
-    r = c.post(f"/memo?position={pos}&consent=1", content=data, headers={"Content-Type": "audio/webm"})
+def _memo(c: httpx.Client, pos: int, data: bytes, publish: bool = False) -> str:
+    r = c.post(f"/memo?position={pos}&consent=1&publish={int(publish)}", content=data, headers={"Content-Type": "audio/webm"})
     assert r.status_code == 200, r.text
     return r.json()["memo_id"]
 
 
-def test_export_carries_exactly_the_linked_memo_and_analysis_counts_flagged(tmp_path, monkeypatch):
+def _decoded_seconds_and_tags(data: bytes) -> tuple[float, dict, dict]:
+    import io
+
+    import av
+
+    with av.open(io.BytesIO(data)) as c:
+        (stream,) = c.streams
+        samples = sum(f.samples for f in c.decode(stream))
+        return samples / stream.codec_context.sample_rate, dict(c.metadata), dict(stream.metadata)
+
+
+def test_only_memos_consented_for_publication_leave_unlinked_and_stripped(tmp_path, monkeypatch):
+    """Issue 27 item 1 (and issue 16 items 5 and 9), over the real app on loopback, the real
+    analysis and the real export command. j1 records, at its first image, a take it abandons and
+    then one it sends, ticking the separate box to publish it; the recorder left a name in the
+    file's tags. At its second image a take with that box ticked is abandoned (a reload); at its
+    third a memo is kept without it. The bundle holds exactly the one recording consented for
+    publication, re-encoded with no tag, named by no judge, linked to no answer; the memo kept
+    without that consent stays with the lab; the datasheet says which and why. Quality control:
+    j2 answers its first image without loading it."""
     from typer.testing import CliRunner
 
     from flows.cli import app
     from tasks.beauty import publish
     from tasks.beauty.sources import collect_answers, load_study_context
+    from tests.panel.audio import tagged_webm
 
     for tool in TOOLS:
         write_tool_images(tmp_path / "objects", tool, beauty_prompt_ids())
@@ -52,7 +73,10 @@ def test_export_carries_exactly_the_linked_memo_and_analysis_counts_flagged(tmp_
     from tasks.beauty.study import open_study
 
     opened = open_study(settings, "memos")
-    takes = {name: encoded_audio("webm", seconds) for name, seconds in (("first", 1.0), ("second", 2.0), ("orphan", 1.5))}
+    tags = {"title": "Jane Roe, photographer", "artist": "Jane Roe"}
+    takes = {"first": encoded_audio("webm", 1.0), "published": tagged_webm(2.0, tags),
+             "orphan": tagged_webm(1.5, tags), "kept": encoded_audio("webm", 3.0)}
+    assert b"Jane Roe" in takes["published"] and b"Lavf" in takes["published"]  # what a recorder leaves in a file
     with serve(settings, "memos") as s:
         for label, _ in judges:
             with httpx.Client(base_url=s.url, follow_redirects=False, timeout=30) as c:
@@ -61,11 +85,14 @@ def test_export_carries_exactly_the_linked_memo_and_analysis_counts_flagged(tmp_
                     pos, img = _current(page)
                     memo_id = ""
                     if label == "j1" and pos == 0:
+                        assert 'id="publish-consent"' in page  # the separate box, on the page
                         _memo(c, pos, takes["first"])  # recorded, then the judge reloads the page ...
                         assert _current(c.get("/judge").text) == (pos, img)
-                        memo_id = _memo(c, pos, takes["second"])  # ... and records again: this one is sent
+                        memo_id = _memo(c, pos, takes["published"], publish=True)  # ... and records again: sent
                     if label == "j1" and pos == 1:
-                        _memo(c, pos, takes["orphan"])  # recorded, then a reload lost it: answered without memo
+                        _memo(c, pos, takes["orphan"], publish=True)  # recorded, then a reload lost it
+                    if label == "j1" and pos == 2:
+                        memo_id = _memo(c, pos, takes["kept"])  # kept with the answer, not for publication
                     if not (label == "j2" and pos == 0):  # j2 answers its first image without loading it
                         assert c.get(f"/img/{img}").status_code == 200
                     r = c.post("/answer", data={"position": pos, "image_id": img, "answer": "yes" if pos % 2 else "no",
@@ -73,10 +100,11 @@ def test_export_carries_exactly_the_linked_memo_and_analysis_counts_flagged(tmp_
                     assert r.status_code == 303
 
     store = PanelStore.open(opened.study_dir)
-    assert len(store.memo_rows(linked_only=False)) == 3
-    (linked,) = store.memo_rows()
-    assert (linked["label"], linked["position"]) == ("j1", 0)
-    linked_image = next(r for r in store.image_rows() if r["image_id"] == store.queue_of("j1")[0])
+    every = store.memo_rows(linked_only=False)
+    assert len(every) == 4
+    linked = store.memo_rows()
+    assert [(m["position"], m["publish_consent_at"] is not None) for m in linked] == [(0, True), (2, False)]
+    assert linked[0]["publish_consent_at"] == linked[0]["uploaded_at"]  # the consent, recorded with its time
     store.dispose()
 
     ctx = load_study_context(settings, "memos")
@@ -92,15 +120,32 @@ def test_export_carries_exactly_the_linked_memo_and_analysis_counts_flagged(tmp_
     assert sum(r["flagged_answers"] for r in index if r["panel_group"] == "all") == 40
     assert all(r["beauty_index_unflagged"] is None for r in index)  # nothing left without them
 
-    r = CliRunner().invoke(app, ["study", "export", "--study", "memos", "--out", str(tmp_path / "bundle")])
+    # Two judges in two groups: each alone in theirs, so the export needs the groups merged.
+    bundle = tmp_path / "bundle"
+    r = CliRunner().invoke(app, ["study", "export", "--study", "memos", "--out", str(bundle), "--times", "none",
+                                 "--merge-groups", "photographers+aphantasia"])
     assert r.exit_code == 0, r.output
-    files = sorted((tmp_path / "bundle" / "memos").iterdir())
-    assert [f.read_bytes() for f in files] == [takes["second"]]  # exactly the linked take, by content
-    exported = pq.read_table(tmp_path / "bundle" / "answers.parquet").to_pylist()
-    with_memo = [a for a in exported if a["memo_file"]]
-    # The bundle has no position (anonymity): the memo sits on the answer to j1's first image.
-    assert len(with_memo) == 1 and with_memo[0]["memo_file"] == f"memos/{files[0].name}"
-    assert (with_memo[0]["tool"], with_memo[0]["prompt_id"]) == (linked_image["tool"], linked_image["prompt_id"])
+    (published,) = sorted((bundle / "memos").iterdir())
+    sound = published.read_bytes()
+    seconds, container_tags, stream_tags = _decoded_seconds_and_tags(sound)
+    assert abs(seconds - 2.0) < 0.05  # the published take's sound, not another take's
+    assert container_tags == {} and stream_tags == {}
+    for leak in (b"Jane", b"Lavf", b"Lavc", b"webm"):
+        assert leak not in sound, leak
+    judge_ids = set(pq.read_table(bundle / "answers.parquet").column("judge_id").to_pylist())
+    assert published.suffix == ".ogg" and not any(j[:8] in published.name for j in judge_ids)
+    # No link from any answer to a memo, and nothing in the bundle names the recording but its file.
+    exported = pq.read_table(bundle / "answers.parquet")
+    assert "memo_file" not in exported.column_names and "memo" not in exported.column_names
+    listed = [line.split("  ", 1)[1] for line in (bundle / "SHA256SUMS").read_text().splitlines()]
+    mentions = [name for name in listed if name != f"memos/{published.name}"
+                and published.stem.encode() in (bundle / name).read_bytes()]
+    assert mentions == []
+    sheet = (bundle / "datasheet.md").read_text()
+    assert "2 memo(s) were kept by the lab with the judge's consent" in sheet
+    assert "1 of them are in `memos/`" in sheet and "a voice can identify a person" in sheet
+    memo_counts = json.loads((bundle / "anonymity.json").read_text())["memos"]
+    assert memo_counts == {"kept_by_the_lab": 2, "published": 1}
 
 
 @pytest.mark.parametrize("min_seconds,expect", [(0.0, [None, None, "image not loaded"]), (5.0, ["faster than 5 s", None, "image not loaded"])])
