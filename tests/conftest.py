@@ -44,6 +44,11 @@ def isolate_aws_env(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
 # Every command the tests spawn runs cold: a warm server (flows/warm.py) per test workspace would
 # outlive its test. The tests of the warm server turn it on themselves.
 os.environ["IMAGEBENCH_WARM"] = "off"
+# The suite's own process makes files as an imagebench process does (umask 077: tasks/store/private.py),
+# so a workspace a test builds in-process is as private as one a command builds (not closed, with a
+# line said, by the first command run on it). The shared-server tests run their commands under
+# umask 022 themselves (tests/otheruser.py), so that nothing passes thanks to a strict umask.
+os.umask(0o077)
 
 @pytest.fixture(scope="session")
 def prefect_harness():
