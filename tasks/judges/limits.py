@@ -335,6 +335,7 @@ class EndpointLimiter:
             self._state = _MemoryState()  # prefect: this process's pause and buckets, before Prefect's limits
         self._prefect_ready = False
         self._prefect_slots: Any = None  # prefect_limits.PrefectSlots
+        self._asking = _MemoryState()  # prefect: when this process may next ask the server's rate limit
 
     # names of Prefect's global limits ----------------------------------------------------------
     def prefect_name(self, what: str) -> str:
@@ -342,14 +343,14 @@ class EndpointLimiter:
 
     def _prefect_setup(self) -> None:
         """Create (or bring to this config) the endpoint's global limits, once per process."""
-        from .prefect_limits import RPM_SLOTS, PrefectSlots, ensure_limits
+        from .prefect_limits import RATE_UNITS, RPM_SLOTS, PrefectSlots, ensure_limits
 
         with self._lock:
             if self._prefect_ready:
                 return
             wanted: list[tuple[str, int, float | None]] = [(self.prefect_name("concurrency"), self.limits.concurrency, None)]
             if self.limits.requests_per_minute:
-                wanted.append((self.prefect_name("rpm"), RPM_SLOTS, self.limits.requests_per_minute / 60.0))
+                wanted.append((self.prefect_name("rpm"), RPM_SLOTS * RATE_UNITS, self.limits.requests_per_minute / 60.0 * RATE_UNITS))
             if self.limits.tokens_per_minute:
                 wanted.append((self.prefect_name("tpm"), self.limits.tokens_per_minute, self.limits.tokens_per_minute / 60.0))
             ensure_limits(wanted)
@@ -412,21 +413,24 @@ class EndpointLimiter:
                 return state, -(state.paused_until - now)  # negative: refused for that long
             return plan_send(state, now, self.limits, tokens)
 
+        if prefect:
+            # The process asks the server at the endpoint's rate (asked all at once, the server's
+            # refusals would grow its Retry-After), then its buckets space what it sends.
+            await self._take(self._asking, lambda s, now: plan_send(s, now, EndpointLimits(1, self.limits.requests_per_minute), 0))
+            await self._prefect_rates(tokens + owed)
+        await self._take(self._state, plan)
+        return tokens
+
+    async def _take(self, state: "_MemoryState | _FileState", plan: Callable[[RateState, float], tuple[RateState, float]]) -> None:
         while True:
-            wait = self._state.transact(plan)
+            wait = state.transact(plan)
             if wait < 0:
                 raise JudgeUnavailable(
                     f"judge '{self.name}': the endpoint asked to wait {-wait:.0f} s more (Retry-After), "
                     f"over the {MAX_PAUSE_S:.0f} s a run waits: not sent", retryable=False)
-            if wait > 0:
-                await asyncio.sleep(wait)
-                continue
-            if not prefect:
-                return tokens
-            await self._prefect_rates(tokens + owed)
-            # a 429 may have paused the endpoint while this request waited for Prefect's slot
-            if self._state.transact(lambda s, now: (s, s.paused_until - now)) <= 0:
-                return tokens
+            if wait == 0:
+                return
+            await asyncio.sleep(wait)
 
     async def _prefect_rates(self, tokens: int) -> None:
         from .prefect_limits import take_rates

@@ -9,9 +9,13 @@ by every worker and flow run that reaches the server (the ``prefect`` scope of
   while requests wait for one; a slot no request claims for :data:`LINGER_S` is given back.
   Taking a slot costs a few calls to the API (measured: ~0.16 s on a SQLite server, and one at a
   time per process): taken per request, it would cap a process at a few requests per second.
-- ``<base>-rpm`` (limit :data:`RPM_SLOTS`, slot decay N/60 per second) and ``<base>-tpm``
-  (limit T, decay T/60): ``prefect.concurrency.asyncio.rate_limit`` once per request (``occupy``
-  = the tokens charged), after the process's own buckets spaced its requests.
+- ``<base>-rpm`` and ``<base>-tpm`` (limit T, decay T/60 per second):
+  ``prefect.concurrency.asyncio.rate_limit`` once per request (``occupy`` = the tokens charged),
+  after the process's own buckets spaced its requests. Prefect decays a limit in whole slots
+  since its last update (an acquisition or a refusal), so a request is :data:`RATE_UNITS` slots of
+  ``<base>-rpm`` (limit ``RPM_SLOTS * RATE_UNITS``, decay ``N/60 * RATE_UNITS``): at one slot per
+  request, requests 60/N s apart would often find nothing decayed, and each refusal would restart
+  the count.
 
 The limits are created, or set to this endpoint's config, before the process's first request
 (:func:`ensure_limits`); with several configs for one endpoint name and URL, the last one wins.
@@ -28,8 +32,8 @@ import time
 
 LEASE_S = 60.0  # the shortest lease Prefect grants
 LINGER_S = 0.25  # an idle held slot waits this long for another request of the process, then goes back
-RPM_SLOTS = 2  # requests the rate limit lets through at once: one request of slack for a decay
-#               that Prefect counts in whole slots since the limit's last update
+RPM_SLOTS = 3  # requests the rate limit lets through at once: slack for the jitter of the calls to the API
+RATE_UNITS = 100  # slots of the requests-per-minute limit per request (see the module doc)
 
 
 def ensure_limits(wanted: list[tuple[str, int, float | None]]) -> None:
@@ -49,7 +53,7 @@ async def take_rates(rpm_name: str | None, tpm_name: str | None, tokens: int) ->
     from prefect.concurrency.asyncio import rate_limit
 
     if rpm_name:
-        await rate_limit(rpm_name, occupy=1, strict=True)
+        await rate_limit(rpm_name, occupy=RATE_UNITS, strict=True)
     if tpm_name:
         await rate_limit(tpm_name, occupy=max(1, tokens), strict=True)
 

@@ -81,8 +81,10 @@ def test_capability_judging_holds_the_endpoint_limits_on_a_prefect_server(prefec
     _check("judged", prompts, qwen, gemma)
     with get_client(sync_client=True) as client:  # the limits were the server's
         names = {g.name: g for g in client.read_global_concurrency_limits(limit=200)}
+    from tasks.judges.prefect_limits import RATE_UNITS, RPM_SLOTS
+
     ours = [g for n, g in names.items() if n.startswith("imagebench-judge-qwen3-vl-")]
-    assert {(g.name.rsplit("-", 1)[1], g.limit) for g in ours} == {("concurrency", 4), ("rpm", 2)}
+    assert {(g.name.rsplit("-", 1)[1], g.limit) for g in ours} == {("concurrency", 4), ("rpm", RPM_SLOTS * RATE_UNITS)}
 
 
 def test_capability_judging_holds_the_endpoint_limits_across_dask_workers(prefect_harness, paid_api, monkeypatch) -> None:

@@ -139,7 +139,11 @@ def test_prefect_scope_holds_the_limits_across_processes(prefect_harness, tmp_pa
         made = {g.name: g for g in client.read_global_concurrency_limits(limit=100) if g.name.startswith("imagebench-judge-alpha-")}
     by_kind = {name.rsplit("-", 1)[1]: g for name, g in made.items()}
     assert by_kind["concurrency"].limit == 4 and by_kind["concurrency"].slot_decay_per_second == 0
-    assert by_kind["rpm"].slot_decay_per_second == pytest.approx(4.0)
+    from tasks.judges.prefect_limits import RATE_UNITS, RPM_SLOTS
+
+    # 240 per minute: 4 requests a second, each RATE_UNITS slots (Prefect decays whole slots)
+    assert by_kind["rpm"].slot_decay_per_second == pytest.approx(4.0 * RATE_UNITS)
+    assert by_kind["rpm"].limit == RPM_SLOTS * RATE_UNITS
     assert by_kind["concurrency"].active_slots == 0  # every slot given back when the processes ended
 
 
