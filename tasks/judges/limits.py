@@ -305,6 +305,11 @@ class _FileSlots:
             fcntl.flock(self._fds[i], fcntl.LOCK_UN)
             self._taken[i] = False
 
+    def close(self) -> None:
+        for fd in self._fds:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
 
 # --- the limiter -------------------------------------------------------------------------------
 def endpoint_key(name: str, url: str | None) -> str:
@@ -480,9 +485,21 @@ def limiter_for(name: str, endpoint: Any, scope: LimitScope | None = None, url: 
         return limiter
 
 
+def reset_limiters() -> None:
+    """Forget every limiter of the process (a new process starts with none): for tests. Nothing
+    may be using them."""
+    with _LIMITERS_LOCK:
+        _LIMITERS.clear()
+
+
 def _forget_after_fork() -> None:
     global _LIMITERS_LOCK
-    _LIMITERS.clear()  # a forked child holds none of its parent's slots or locks
+    # A forked child holds none of its parent's slots: it closes its copies of the slot files (the
+    # parent's locks would otherwise outlive the parent while the child lives).
+    for limiter in _LIMITERS.values():
+        if limiter._file_slots is not None:
+            limiter._file_slots.close()
+    _LIMITERS.clear()
     _LIMITERS_LOCK = threading.Lock()
 
 

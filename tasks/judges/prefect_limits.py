@@ -27,6 +27,7 @@ import asyncio
 import atexit
 import concurrent.futures
 import contextvars
+import os
 import threading
 import time
 
@@ -157,3 +158,6 @@ _KEEPERS: "set[PrefectSlots]" = set()
 def _give_everything_back() -> None:
     for keeper in list(_KEEPERS):
         keeper.close()
+
+
+os.register_at_fork(after_in_child=_KEEPERS.clear)  # a forked child holds none of its parent's slots

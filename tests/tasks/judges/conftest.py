@@ -45,6 +45,17 @@ def make_item(tmp_path: Path) -> Callable[..., JudgeItem]:
     return make
 
 
+@pytest.fixture(autouse=True)
+def fresh_limiters():
+    """Each test starts with no endpoint limiter, as a new process would (a pause one test's
+    server asked for must not reach a later server that got the same port)."""
+    from tasks.judges.limits import reset_limiters
+
+    reset_limiters()
+    yield
+    reset_limiters()
+
+
 @pytest.fixture
 def servers():
     """Start fake servers on demand; all stopped at the end of the test."""
