@@ -24,8 +24,8 @@ MEMO_MAX_SECONDS = 10
 # needs the first; publishing the recording needs the second, given separately by the judge on
 # that memo and recorded in the panel store with its time (issue 27 item 1). The datasheet quotes both.
 MEMO_KEEP_CONSENT = "I agree that a voice memo I record is kept with my answer"
-MEMO_PUBLISH_CONSENT = ("I also agree that this recording is published in the study's open data (CC BY 4.0), "
-                        "without my answers: anyone may then hear my voice")
+MEMO_PUBLISH_CONSENT = ("I also agree that this recording is published in the open data (CC BY 4.0), "
+                        "without my answers: anyone may hear it")
 STUDY_ID_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,63}$")
 LABEL_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 # Names and texts of a study are published (answers.csv, beauty_index.csv, study.json,

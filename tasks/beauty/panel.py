@@ -116,9 +116,13 @@ def create_app(settings, study_id: str, public_url: str | None = None) -> FastAP
     app = shell.app
     objects = open_configured_store(settings)
 
+    # The memo step has two consent lines (issue 27 item 1): the image gives way by one more line,
+    # so the page still fits a 1280x757 window without scrolling.
+    page_css = CSS + ("img#stimulus{max-height:min(70vh,calc(100vh - 16.5rem))}" if definition.memo else "")
+
     @app.get("/static/panel.css")
     async def css() -> Response:
-        return Response(CSS, media_type="text/css")
+        return Response(page_css, media_type="text/css")
 
     @app.get("/static/judge.js")
     async def js() -> Response:

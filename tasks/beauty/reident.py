@@ -14,10 +14,11 @@ Two measures, computed on every export and written into the datasheet and ``anon
   colleague who watched them answer a few images). The candidates are the judges of that group
   whose published answers hold all k; the attacker names one of them at random. Over every judge
   and every k-subset of their answers, equally likely: the mean number of candidates and the mean
-  chance of naming the judge (the mean of 1 / candidates). Computed exactly (inclusion-exclusion
-  over the judge's group mates, or every subset enumerated); only where both would pass
-  ``EXACT_TERMS`` terms per judge, by a seeded sample of ``SAMPLES_PER_JUDGE`` subsets per judge,
-  and the figure says so. Not a reason to refuse: answers are the data, and a few of them single
+  chance of naming the judge (the mean of 1 / candidates). Computed exactly (every subset
+  enumerated when there are at most ``EXACT_TERMS``, else inclusion-exclusion over the judge's
+  group mates); only where that too would pass ``EXACT_TERMS`` terms per judge (a large group of
+  judges who agree a lot), by a seeded sample of ``SAMPLES_PER_JUDGE`` subsets per judge, and the
+  figure says so. Not a reason to refuse: answers are the data, and a few of them single
   a judge out in any per-judge release; the figure tells readers how much.
 """
 
@@ -170,11 +171,12 @@ def _naming_by_inclusion_exclusion(n: int, k: int, masks: list[int]) -> Fraction
 
 
 def _naming_by_enumeration(n: int, k: int, masks: list[int]) -> Fraction:
-    total = Fraction(0)
+    """E[1 / (1 + X)] by visiting every k-subset (cheap when C(n, k) is small, e.g. k = 1 or 2)."""
+    mates_holding = Counter()
     for subset in combinations(range(n), k):
         s = sum(1 << i for i in subset)
-        total += Fraction(1, 1 + sum(1 for m in masks if m & s == s))
-    return total / comb(n, k)
+        mates_holding[sum(1 for m in masks if m & s == s)] += 1
+    return sum((Fraction(count, 1 + x) for x, count in mates_holding.items()), Fraction(0)) / comb(n, k)
 
 
 def _naming_by_sampling(n: int, k: int, masks: list[int], rng: random.Random) -> float:
@@ -201,14 +203,14 @@ def attack_risk(profiles: list[JudgeProfile], k: int) -> AttackRisk:
         _, masks = _masks(p, [m for m in groups[p.panel_group] if m.judge_id != p.judge_id])
         # Mean candidates is linear: each mate counts in C(shared, k) of the C(n, k) subsets.
         candidates.append(1 + Fraction(sum(comb(m.bit_count(), k) for m in masks), comb(n, k)))
+        if comb(n, k) <= EXACT_TERMS:
+            naming.append(_naming_by_enumeration(n, k, masks))
+            continue
         try:
             naming.append(_naming_by_inclusion_exclusion(n, k, masks))
-        except _TooMany:
-            if comb(n, k) <= EXACT_TERMS:
-                naming.append(_naming_by_enumeration(n, k, masks))
-            else:
-                naming.append(_naming_by_sampling(n, k, masks, rng))
-                sampled = True
+        except _TooMany:  # a large group of judges who agree a lot: sampled, and the figure says so
+            naming.append(_naming_by_sampling(n, k, masks, rng))
+            sampled = True
     method = f"sampled: {SAMPLES_PER_JUDGE} subsets per judge, seed {SAMPLE_SEED}" if sampled else "exact"
     if not candidates:
         return AttackRisk(k, 0, None, None, method)

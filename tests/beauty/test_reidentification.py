@@ -265,8 +265,8 @@ def test_an_imported_study_flags_what_the_home_study_flagged(prefect_harness, tm
     assert {r["qc_flag"] for r in rows} == {None, "image not loaded"}
     assert (tmp_path / "bundle" / "answers.csv").read_text().splitlines()[0].split(",")[-2:] == ["qc_flag", "source"]
     sheet = (tmp_path / "bundle" / "datasheet.md").read_text()
-    assert ("| image not loaded | the panel server never sent the image's bytes to the judge before the answer "
-            f"| {flagged} |") in sheet
+    assert ("| image not loaded | the image was not on the judge's screen before the answer: the panel server never "
+            f"sent its bytes, or the judge's browser had not finished loading them | {flagged} |") in sheet
     assert "| faster than 0.5 s | answered less than 0.5 s (study.json quality.min\\_seconds\\_on\\_screen)" in sheet
 
     other = workspace(tmp_path / "other", monkeypatch, tools=())
@@ -276,3 +276,26 @@ def test_an_imported_study_flags_what_the_home_study_flagged(prefect_harness, tm
     assert r.exit_code == 0, r.output
     here = read_study_partition(Lake(other.lake_dir), "study_index", "qc").to_pylist()
     assert here == home
+
+
+def test_a_figure_too_costly_to_compute_exactly_is_sampled_and_says_so(monkeypatch):
+    """Where neither every subset nor the inclusion-exclusion fits the budget (a large group of
+    judges who agree a lot), the chance of naming is a seeded sample, close to the exact figure of
+    the attack written here, and the figure is marked as sampled with its size and seed."""
+    import random
+
+    from tasks.beauty import reident
+
+    rng = random.Random(5)
+    rows = [{"judge_id": f"j{j:02d}", "panel_group": "everyone", "tool": "t", "prompt_id": f"p{p:02d}",
+             "answer": rng.random() < 0.8, "shown_at": DAY, "answered_at": DAY} for j in range(10) for p in range(14)]
+    exact = reident.attack_risk(reident.judge_profiles(rows), 3)
+    assert exact.method == "exact"
+    monkeypatch.setattr(reident, "EXACT_TERMS", 50)
+    sampled = reident.attack_risk(reident.judge_profiles(rows), 3)
+    assert sampled.method == f"sampled: {reident.SAMPLES_PER_JUDGE} subsets per judge, seed {reident.SAMPLE_SEED}"
+    judges, candidates, naming = attack_figures(rows, 3)
+    assert (exact.judges, exact.mean_candidates, exact.naming_probability) == pytest.approx((judges, candidates, naming))
+    assert sampled.mean_candidates == pytest.approx(candidates)  # always exact: a sum over group mates
+    assert sampled.naming_probability == pytest.approx(naming, abs=0.01)
+    assert sampled == reident.attack_risk(reident.judge_profiles(rows), 3)  # seeded: the same figure again

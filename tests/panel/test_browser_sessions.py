@@ -232,7 +232,7 @@ def test_memo_controls_fit_a_1280x757_window(browser, panel_study, panel_server,
     view = drv.execute_script("return [window.innerWidth, window.innerHeight, document.documentElement.scrollHeight];")
     drv.save_screenshot(str(tmp_path / "judge-1280x757.png"))
     assert view[0] <= 1280 and view[1] <= 757
-    for element_id in ("stimulus", "yes", "no", "consent", "rec"):
+    for element_id in ("stimulus", "yes", "no", "consent", "publish-consent", "rec"):  # both consents (issue 27 item 1)
         rect = drv.find_element(By.ID, element_id).rect
         assert rect["height"] > 0 and rect["y"] >= 0 and rect["y"] + rect["height"] <= view[1], (element_id, rect, view)
     assert view[2] <= view[1]  # nothing below the fold: no scrolling at all
