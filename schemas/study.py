@@ -307,6 +307,10 @@ STUDY_HYPOTHESES = pa.schema(  # one row per pre-registered hypothesis (H1-H5), 
     ]
 )
 
+# Said wherever an HPSv3 mu of uncalibrated weights is shown (the study page also marks its column).
+HPS_UNCALIBRATED_NOTE = ("UNCALIBRATED DEMO WEIGHTS: the HPSv3 mu column comes from randomly initialised "
+                         "HPSv3-architecture weights, not from HPSv3: it shows the pipeline, not the tools' quality.")
+
 STUDY_PIXEL_METRICS = pa.schema(  # one row per tool: the metrics the protocol argues against (item 6)
     [
         pa.field("study_id", pa.string(), nullable=False),
@@ -320,6 +324,9 @@ STUDY_PIXEL_METRICS = pa.schema(  # one row per tool: the metrics the protocol a
         pa.field("hps_mu", pa.float64()),
         pa.field("n_images", pa.int32()),
         pa.field("weights", pa.string()),  # "real" | "TINY RANDOM" (every output says which)
+        # hps_mu from uncalibrated (demo, randomly initialised) HPSv3 weights: marked UNCALIBRATED on
+        # every output; null without hps_mu (and in rows written before issue 26 item 7)
+        pa.field("hps_uncalibrated", pa.bool_()),
     ]
 )
 
