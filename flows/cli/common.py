@@ -202,7 +202,15 @@ def _jsonable(value: Any) -> Any:
     return value
 
 
-def _cell(value: Any) -> str:
+def _cell(value: Any, column: str | None = None) -> str:
+    """A table cell as a person reads it: a known figure (capability, coverage, mu, ...) in the one
+    number style of tasks/scores/display.py, any other float with 6 significant digits."""
+    if column is not None:
+        from tasks.scores.display import styled
+
+        text = styled(column, value)
+        if text is not None:
+            return text
     if value is None:
         return ""
     if isinstance(value, float):
@@ -232,7 +240,7 @@ def render(
         console = Console(file=out)
         if not console.is_terminal:
             console = Console(file=out, width=240)  # piped: never fold cells into slivers
-        cells = [[_cell(v) for v in row] for row in rows]
+        cells = [[_cell(v, c) for c, v in zip(columns, row)] for row in rows]
         if table_width(columns, cells) > console.width:
             # Too wide to read as columns (34 of them from `select *`): one block per record.
             out.write(vertical(columns, cells, title))
@@ -243,6 +251,46 @@ def render(
         for row in cells:
             table.add_row(*row)
         console.print(table)
+
+
+def render_fitted(
+    layouts: Sequence[tuple[Sequence[str], Sequence[Sequence[str]], str | None]],
+    title: str | None = None,
+    wide: bool = False,
+    out: TextIO | None = None,
+) -> None:
+    """A table of already written cells, one line per row, never one block per record: the first
+    of ``layouts`` (columns, cells, legend line) that fits the terminal (its width, or COLUMNS; a
+    pipe without COLUMNS: 240), else the last one, whose cells Rich folds to fit. ``wide``: the
+    first layout at its full width, however wide the terminal (for `less -S` or a wide window)."""
+    import io
+
+    from rich import box
+    from rich.table import Table
+
+    out = out or sys.stdout
+    console = Console(file=out)
+    width = console.width
+    if not console.is_terminal and not os.environ.get("COLUMNS", "").isdigit():
+        width = 240  # piped: never fold cells into slivers
+
+    def table(columns: Sequence[str], cells: Sequence[Sequence[str]]) -> Table:
+        t = Table(title=title, box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, collapse_padding=True)
+        for c in columns:
+            t.add_column(c, overflow="fold")
+        for row in cells:
+            t.add_row(*row)
+        return t
+
+    def needed(columns: Sequence[str], cells: Sequence[Sequence[str]]) -> int:
+        return Console(file=io.StringIO(), width=100_000).measure(table(columns, cells)).maximum
+
+    chosen = layouts[0] if wide else next((lay for lay in layouts if needed(lay[0], lay[1]) <= width), layouts[-1])
+    columns, cells, legend = chosen
+    console = Console(file=out, width=max(width, needed(columns, cells)) if wide else width)
+    console.print(table(columns, cells))
+    if legend:
+        console.print(legend, highlight=False, markup=False)
 
 
 def table_width(columns: Sequence[str], cells: Sequence[Sequence[str]]) -> int:

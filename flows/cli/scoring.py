@@ -17,7 +17,8 @@ import typer
 
 from flows.cli.common import (
     SCORING_PRELOAD, CliError, OutputFormat, catalog_or_exit, cli_settings, err, nightly_line, precheck, prepare_prefect,
-    print_quarantine, print_rows, progress, publish_outside, render, scoring_preload, user_errors, warn_uncalibrated,
+    print_quarantine, print_rows, progress, publish_outside, render, render_fitted, scoring_preload, user_errors,
+    warn_uncalibrated,
 )
 from schemas.settings import Settings
 
@@ -226,49 +227,40 @@ def report(
             err.print(f"[yellow]{site.leaderboard_note}[/]", highlight=False, soft_wrap=True)
 
 
-LEADERBOARD_SORTS = ("overall", "capability", "eps", "rank", "model_id", "judge_coverage", "eps_prompts_lost", "scored_at")
-LEADERBOARD_TABLE_COLUMNS = (
-    "CASE WHEN rank = rank_worst THEN rank::VARCHAR ELSE rank || '-' || rank_worst END AS band, model_id, "
-    "printf('%.1f [%.1f, %.1f]', overall, overall_lo, overall_hi) AS overall, "
-    "printf('%.1f [%.1f, %.1f]', capability, capability_lo, capability_hi) AS capability, "
-    "printf('%.1f [%.1f, %.1f]', eps, eps_lo, eps_hi) AS eps, "
-    "printf('%.0f%%', 100 * judge_coverage) AS judged, eps_prompts_scored || '/' || eps_prompts_eligible AS eps_scored, "
-    "images_quarantined AS quarantined, images_missing AS missing, "
-    "concat_ws(' ', CASE WHEN provisional THEN 'provisional' END, CASE WHEN NOT complete THEN 'incomplete' END, "
-    "CASE WHEN uncalibrated THEN 'UNCALIBRATED' END) AS flags, "
-    "reference_version AS reference, strftime(scored_at, '%Y-%m-%d %H:%M') AS scored_at"
-)
+LEADERBOARD_SORTS = ("overall", "capability", "eps", "rank", "model_id", "judged", "coverage", "eps_prompts_lost", "scored_at")
 
 
 def leaderboard(
     fmt: Annotated[OutputFormat, typer.Option("--format")] = OutputFormat.table,
     sort: Annotated[str, typer.Option(help=f"one of {', '.join(LEADERBOARD_SORTS)}; rank: by best place")] = "overall",
+    wide: Annotated[bool, typer.Option("--wide", help="every column of the table, at full width (without it the "
+                                                      "table fits 100 columns)")] = False,
 ) -> None:
     """The leaderboard of the reference in force: Overall, Capability, EPS with 95% intervals,
-    rank bands, judge coverage and flags (one row per model), best Overall first."""
+    rank bands, prompts judged and flags (one row per model), best Overall first."""
     with user_errors(log=False):
         if sort not in LEADERBOARD_SORTS:
             raise CliError(f"--sort {sort!r}: choose one of {', '.join(LEADERBOARD_SORTS)}")
         settings = cli_settings()
         from tasks.lake.tables import query
+        from tasks.scores.display import leaderboard_flags, leaderboard_layouts
 
         order = "ASC" if sort in ("model_id", "rank") else "DESC"
-        # Qualified names: the table view formats columns under the same names as strings. The
-        # default is the headline (Overall; EPS for a model not judged yet), as the arenas list
+        # The default is the headline (Overall; EPS for a model not judged yet), as the arenas list
         # theirs, with the band beside it: a wide interval's best place (band 1-6) never puts a
         # model above a better-scored one (issue 26 item 5). `--sort rank` orders by best place.
         sort = f"lb.{sort} {order} NULLS LAST" + (", lb.overall DESC NULLS LAST, lb.eps DESC" if sort == "rank" else "")
         sort += ", lb.eps DESC NULLS LAST" if sort.startswith("lb.overall ") else ""
-        # The terminal table shows what a reader compares; csv/json carry every column.
-        select = LEADERBOARD_TABLE_COLUMNS if fmt is OutputFormat.table else "*"
-        columns, rows = query(
-            catalog_or_exit(settings), f"SELECT {select} FROM leaderboard lb ORDER BY {sort}, lb.model_id"
-        )
-        render(columns, rows, fmt, title="imagebench leaderboard")
-        flagged = "uncalibrated" in columns and any(r[columns.index("uncalibrated")] for r in rows)
-        warn_uncalibrated(flagged or ("flags" in columns and any("UNCALIBRATED" in (r[columns.index("flags")] or "")
-                                                                  for r in rows)), fmt)
-        if "flags" in columns and any("incomplete" in (r[columns.index("flags")] or "") for r in rows):
+        columns, rows = query(catalog_or_exit(settings), f"SELECT * FROM leaderboard lb ORDER BY {sort}, lb.model_id")
+        records = [dict(zip(columns, r)) for r in rows]
+        if fmt is OutputFormat.table:
+            # What a reader compares, in the one number style, one line per model (issue 26 item 7);
+            # csv/json carry every column at full precision.
+            render_fitted(leaderboard_layouts(records, wide), title="imagebench leaderboard", wide=wide)
+        else:
+            render(columns, rows, fmt, title="imagebench leaderboard")
+        warn_uncalibrated(any(r["uncalibrated"] for r in records), fmt)
+        if fmt is OutputFormat.table and any("incomplete" in leaderboard_flags(r) for r in records):
             err.print("[yellow]incomplete (complete = false): missing or quarantined images counted as losses[/]")
 
 

@@ -35,7 +35,7 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from schemas.study import STUDY_PIXEL_METRICS
+from schemas.study import HPS_UNCALIBRATED_NOTE, STUDY_PIXEL_METRICS
 
 __all__ = [
     "FID_NOTE",
@@ -324,7 +324,8 @@ def pixel_metrics(
     """One row per tool (schema ``STUDY_PIXEL_METRICS``, sorted by tool): FID with a bootstrap
     percentile interval (the tool's images and the reference images each resampled with
     replacement), KID, CLIP score (prompt vs image), Inception Score, HPSv3 mu (mean over the
-    tool's images; null without a scorer), n_images and weights ("real" or "TINY RANDOM").
+    tool's images; null without a scorer), n_images, weights ("real" or "TINY RANDOM") and
+    hps_uncalibrated (the scorer's weights are the demo's: every output marks the mu UNCALIBRATED).
     FID/KID are null without reference images. The table's schema metadata carries FID_NOTE."""
     if not tool_images:
         raise ValueError("pixel_metrics needs at least one tool with images")
@@ -371,6 +372,7 @@ def pixel_metrics(
         rows["hps_mu"].append(hps_mu)
         rows["n_images"].append(len(items))
         rows["weights"].append(networks.weights)
+        rows["hps_uncalibrated"].append(None if hps_mu is None else bool(getattr(networks.hps, "uncalibrated", False)))
     table = pa.table(rows, schema=STUDY_PIXEL_METRICS)
     return table.replace_schema_metadata({"note": FID_NOTE, "weights": networks.weights})
 
@@ -384,6 +386,8 @@ def pixel_metrics_notes(table: pa.Table) -> list[str]:
     notes = [f"{FID_NOTE} Images per tool here: {', '.join(str(x) for x in n)}."]
     if TINY_RANDOM in set(table.column("weights").to_pylist()):
         notes.append(f"{TINY_RANDOM}: these pixel metrics come from randomly initialised networks and mean nothing.")
+    if any(table.column("hps_uncalibrated").to_pylist()):
+        notes.append(HPS_UNCALIBRATED_NOTE)
     return notes
 
 

@@ -27,10 +27,10 @@ def report_data_from_lake(settings: Settings, suite: Suite, reference: Reference
                 eps=r["eps"], eps_lo=r["eps_lo"], eps_hi=r["eps_hi"],
                 overall=r["overall"], overall_lo=r["overall_lo"], overall_hi=r["overall_hi"],
                 rank=r["rank"], rank_best=r["rank"], rank_worst=r["rank_worst"],
-                coverage=r["judge_coverage"], provisional=bool(r["provisional"]), complete=bool(r["complete"]),
+                coverage=r["coverage"], provisional=bool(r["provisional"]), complete=bool(r["complete"]),
                 uncalibrated=bool(r["uncalibrated"]),
                 eps_prompts_scored=r["eps_prompts_scored"], eps_prompts_eligible=r["eps_prompts_eligible"],
-                judged=r["verdicts_pass"] + r["verdicts_fail"], total=len(suite.prompts),
+                judged=r["judged"], decided=r["decided"], total=r["prompts"],
             )
         )
         views = model_prompts(settings, suite, reference, model_id)

@@ -37,6 +37,7 @@ from schemas.vab import VAB_TABLES  # partitioned by sets=<S> (tasks/vab/tables.
 from tasks.store import lockfile, private
 from tasks.store.durable import fsync_dir
 from tasks.lake import compact
+from tasks.lake.catalog_views import CAPABILITY_ITEMS_SQL, LEADERBOARD_COLUMNS, LEADERBOARD_EXPRESSIONS
 from tasks.lake.layout import DATA_FILE, PARTITION_PREFIX
 from tasks.store.storage import validate_model_id  # one rule for model ids: ^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$, no '..'
 
@@ -60,7 +61,7 @@ __all__ = [
 
 SCHEMA_DIR = "_schema"  # <lake>/<table>/_schema/data.parquet: typed, zero rows
 COMPRESSION = "zstd"
-CATALOG_FORMAT = "imagebench-catalog/8"  # /2: model_events view; leaderboard honours retirements; /3: study tables; /4: vab tables and views; /5: compacted per-model tables; /6: vab_trials.prompt_type; /7: study_leaderboard with quality control; /8: vab_trials.response, vab_leaderboard NULL where no trial is behind a figure
+CATALOG_FORMAT = "imagebench-catalog/9"  # /2: model_events view; leaderboard honours retirements; /3: study tables; /4: vab tables and views; /5: compacted per-model tables; /6: vab_trials.prompt_type; /7: study_leaderboard with quality control; /8: vab_trials.response, vab_leaderboard NULL where no trial is behind a figure; /9: capability_items, leaderboard judged/decided/prompts/coverage (was judge_coverage)
 
 PROMPTS_SCHEMA = pa.schema(
     [
@@ -429,41 +430,6 @@ def _table_view_sql(lake_root: Path, table: str) -> str:
     )
 
 
-# Columns of the leaderboard view, in order (after the computed rank columns).
-LEADERBOARD_COLUMNS = (
-    "model_id",
-    "overall",
-    "overall_lo",
-    "overall_hi",
-    "capability",
-    "capability_lo",
-    "capability_hi",
-    "eps",
-    "eps_lo",
-    "eps_hi",
-    "judge_coverage",
-    "provisional",
-    "verdicts_pass",
-    "verdicts_fail",
-    "verdicts_undecided",
-    "eps_prompts_scored",
-    "eps_prompts_eligible",
-    "eps_prompts_lost",
-    "complete",
-    "uncalibrated",
-    "images_ok",
-    "images_quarantined",
-    "images_missing",
-    "scorer_name",
-    "scorer_id",
-    "suite_version",
-    "reference_version",
-    "reference_sha256",
-    "run_id",
-    "scored_at",
-)
-
-
 # Models whose latest model_events row is a retirement (imagebench models retire): who, when, why.
 RETIRED_MODELS_SQL = """
 CREATE VIEW retired_models AS
@@ -528,12 +494,9 @@ def _leaderboard_sql(suite_version: str, reference_version: str) -> str:
     """Latest model_scores row per model, with arena-style rank bands on Overall (EPS when no
     model has a Capability yet): rank = 1 + models whose lower bound is above this upper bound;
     rank_worst = models whose upper bound reaches this lower bound (the model itself included)."""
-    # `complete` is recomputed from the image counts, so rows written before that definition
-    # (docs/LAKE.md, "complete") read the same as new ones; retired models are left out.
-    cols = ", ".join(
-        "(l.complete AND l.images_quarantined = 0 AND l.images_missing = 0) AS complete" if c == "complete"
-        else f"l.{_ident(c)}" for c in LEADERBOARD_COLUMNS
-    )
+    # Some columns are computed (`complete`, `judged`, ...: LEADERBOARD_EXPRESSIONS); retired models are left out.
+    cols = ", ".join(f"{LEADERBOARD_EXPRESSIONS[c]} AS {_ident(c)}" if c in LEADERBOARD_EXPRESSIONS else f"l.{_ident(c)}"
+                     for c in LEADERBOARD_COLUMNS)
     return f"""
 CREATE VIEW leaderboard AS
 WITH latest AS MATERIALIZED (
@@ -646,6 +609,7 @@ def _write_catalog(lake: Lake, catalog: Path, suite: Suite, reference_version: s
             con.unregister("_info_src")
             con.execute(RETIRED_MODELS_SQL)
             con.execute(_leaderboard_sql(suite.version, reference_version))
+            con.execute(CAPABILITY_ITEMS_SQL)  # every published Capability in one line of SQL (docs/LAKE.md)
             con.execute("CHECKPOINT")
         finally:
             con.close()

@@ -35,6 +35,7 @@ from jinja2 import Environment, FileSystemLoader, StrictUndefined
 from markupsafe import Markup
 
 from tasks.report.model import GroupScore, ImageRow, LeaderboardRow, ReportData, finite
+from tasks.scores import display  # the one number style of the terminal and the pages (docs/REPORT.md)
 from tasks.report.svg import HeatCol, HeatRow, ScatterPoint, heatmap, scatter
 
 __all__ = ["MARKER", "ReportError", "build_report", "page_name"]
@@ -73,19 +74,14 @@ def page_name(model_id: str) -> str:
     return f"{base}-{hashlib.sha256(model_id.encode('utf-8')).hexdigest()[:10]}"
 
 
-def _num(x: float | None, digits: int = 1) -> str:
-    x = finite(x)
-    return "–" if x is None else f"{x:.{digits}f}"
+def _num(x: float | None) -> str:
+    """A 0..100 score in the one style (``44.4``; ``–`` when absent)."""
+    return display.score(x)
 
 
-def ci_text(x: float | None, lo: float | None, hi: float | None, digits: int = 1) -> str:
+def ci_text(x: float | None, lo: float | None, hi: float | None) -> str:
     """``62.3 [58.1, 66.0]``; the bare value when there is no interval; ``–`` when no value."""
-    x, lo, hi = finite(x), finite(lo), finite(hi)
-    if x is None:
-        return "–"
-    if lo is None or hi is None:
-        return f"{x:.{digits}f}"
-    return f"{x:.{digits}f} [{lo:.{digits}f}, {hi:.{digits}f}]"
+    return display.interval(x, lo, hi)
 
 
 def rank_text(row: LeaderboardRow) -> str:
@@ -260,8 +256,9 @@ class RowView:
     overall: str
     capability: str
     eps: str
-    coverage: str
-    coverage_title: str
+    judged: str  # "12/192": prompts a judge decided (docs/STATISTICS.md section 1)
+    judged_title: str
+    decided: str  # "27/192 (14.1%)": PASS/FAIL, missing and quarantined images included; the coverage
     eps_scored: str
     flags: list[tuple[str, str, str]]
     flags_text: str
@@ -368,16 +365,17 @@ def _card(img: ImageRow, thumbs: dict[Path, Thumb], root: Path | None) -> CardVi
         shown=shown,
         verdict_class={"PASS": "pass", "FAIL": "fail"}.get(v, "undecided" if v in UNDECIDED else "none"),
         filter_key=fkey,
-        mu=_num(img.mu, 3),
+        mu=display.mu(img.mu),
         verdict_text=v or "not judged",
         counted=counted,
     )
 
 
 def _row_view(r: LeaderboardRow, page: str) -> RowView:
-    cov = finite(r.coverage)
     flags = row_flags(r)
-    judged = f"{r.judged}/{r.total} prompts with a PASS/FAIL verdict" if r.judged is not None and r.total else ""
+    judged_title = (f"{r.judged} of {r.total} prompts decided by a judge (PASS/FAIL on the model's image)"
+                    if r.judged is not None and r.total else "")
+    decided = display.count_of(r.decided, r.total)
     return RowView(
         row=r,
         page=page,
@@ -385,8 +383,9 @@ def _row_view(r: LeaderboardRow, page: str) -> RowView:
         overall=ci_text(r.overall, r.overall_lo, r.overall_hi),
         capability=ci_text(r.capability, r.capability_lo, r.capability_hi),
         eps=ci_text(r.eps, r.eps_lo, r.eps_hi),
-        coverage="–" if cov is None else f"{100 * cov:.0f}%",
-        coverage_title=judged,
+        judged=display.count_of(r.judged, r.total),
+        judged_title=judged_title,
+        decided=decided if finite(r.coverage) is None else f"{decided} ({display.share(r.coverage)})",
         eps_scored=(
             f"{r.eps_prompts_scored}/{r.eps_prompts_eligible}"
             if r.eps_prompts_scored is not None and r.eps_prompts_eligible is not None
@@ -643,6 +642,7 @@ def build_report(data: ReportData, out_dir: Path, studies: list | tuple = (), va
             uncalibrated=bool(view and view.row.uncalibrated),
             groups=groups,
             totals=sum((g[3] for g in groups), Counter()),
+            n_cards=sum(len(g[2]) for g in groups),  # "All (n)": every card once
             cat_rows=[(c, per_cat[c]) for c in categories if c in per_cat],
             cat_total=group_total([per_cat[c] for c in categories if c in per_cat]),
             tag_rows=[(c, t, per_tag[t]) for c, t in tags if t in per_tag],

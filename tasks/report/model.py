@@ -35,8 +35,9 @@ class LeaderboardRow:
     flags: list[str] = field(default_factory=list)  # extra flags shown as badges
     eps_prompts_scored: int | None = None
     eps_prompts_eligible: int | None = None
-    judged: int | None = None  # prompts with a PASS/FAIL verdict
+    judged: int | None = None  # prompts a judge decided (PASS/FAIL on an ok image)
     total: int | None = None  # prompts in the suite
+    decided: int | None = None  # prompts with PASS/FAIL, missing and quarantined images (FAIL) included
 
 
 @dataclass
@@ -179,6 +180,7 @@ def _example(cls: type[ReportData], image_dir: Path | None) -> ReportData:
                 eps_prompts_eligible=20,
                 judged=judged,
                 total=total,
+                decided=judged,
             )
         )
         by_category[model_id] = {}

@@ -16,6 +16,7 @@ import pyarrow as pa
 from markupsafe import Markup
 
 from tasks.report.svg import HeatCol, HeatRow, beauty_index_bars, heatmap
+from tasks.scores import display
 
 STUDIES_DIR = "studies"
 METRIC_COLUMNS = (("fid", "FID"), ("kid", "KID"), ("clip_score", "CLIP score"), ("inception_score", "Inception Score"),
@@ -32,6 +33,14 @@ class StudyLink:
 
 def _f(x, digits: int = 1) -> str:
     return "–" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{digits}f}"
+
+
+def hps_uncalibrated(pixel: pa.Table) -> bool:
+    """Whether the study's HPSv3 mu comes from uncalibrated (demo) weights. A row written before the
+    table recorded it (hps_uncalibrated null) with a mu from TINY RANDOM networks may be: it is
+    marked, since an uncalibrated figure must never read as a real one."""
+    return any(r.get("hps_uncalibrated") or (r.get("hps_uncalibrated") is None and r.get("hps_mu") is not None
+                                              and r.get("weights") == "TINY RANDOM") for r in pixel.to_pylist())
 
 
 def _ci(x, lo, hi, digits: int = 1) -> str:
@@ -58,7 +67,8 @@ def study_page_context(study_id: str, tables: dict[str, pa.Table], title: str, q
              "bi_unflagged": _ci(r.get("beauty_index_unflagged"), r.get("beauty_index_unflagged_lo"),
                                  r.get("beauty_index_unflagged_hi")),
              "metrics": [(_ci(metrics[r["tool"]]["fid"], metrics[r["tool"]]["fid_lo"], metrics[r["tool"]]["fid_hi"])
-                          if c == "fid" else _f(metrics[r["tool"]].get(c), 3 if c == "kid" else 2)) if r["tool"] in metrics else "–"
+                          if c == "fid" else display.mu(metrics[r["tool"]].get(c)) if c == "hps_mu"
+                          else _f(metrics[r["tool"]].get(c), 3 if c == "kid" else 2)) if r["tool"] in metrics else "–"
                          for c, _ in metric_cols]} for r in ranked]
     metric_note = None
     if metrics:
@@ -93,6 +103,7 @@ def study_page_context(study_id: str, tables: dict[str, pa.Table], title: str, q
         "source": ", ".join(sources), "prereg": prereg_text, "rows": rows, "metric_cols": metric_cols,
         "metric_note": metric_note, "bars": Markup(beauty_index_bars(ranked)), "heatmap": Markup(hm),
         "groups_heatmap": Markup(ghm), "groups": groups, "group_rows": group_rows, "hypotheses": hyp_rows,
+        "hps_uncalibrated": hps_uncalibrated(pixel) and any(c == "hps_mu" for c, _ in metric_cols),
     }
 
 
@@ -144,6 +155,10 @@ def build_study_pages(settings, out_dir: Path) -> list[StudyLink]:
         weights = set(tables["study_pixel_metrics"].column("weights").to_pylist())
         if "TINY RANDOM" in weights:
             notes.append("pixel metrics from TINY RANDOM networks (no weights given): they show the pipeline only")
+        if hps_uncalibrated(tables["study_pixel_metrics"]):  # the HPSv3 mu column: demo weights (issue 26 item 7)
+            from schemas.study import HPS_UNCALIBRATED_NOTE
+
+            notes.append(HPS_UNCALIBRATED_NOTE)
         ctx_page = study_page_context(study_id, tables, title, question, prompts, notes, prereg_text)
         html = env.get_template("study.html").render(title=f"Beauty Index: {study_id}", meta={}, generated_at=None,
                                                      csp=CSP, root="../", **ctx_page)

@@ -106,8 +106,11 @@ def scatter(
     ml, mr, mt, mb = 60, 30, 24, 52
     pw, ph = width - ml - mr, height - mt - mb
     out = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" class="chart scatter" viewBox="0 0 {width} {height}" '
-        f'width="{width}" height="{height}" role="img" aria-label="{esc(title)}" {FONT} font-size="12">',
+        # class "scales": drawn at the page's width (style.css), so a phone sees every point, smaller,
+        # instead of the left part of a 720 px drawing (issue 26 item 7)
+        f'<svg xmlns="http://www.w3.org/2000/svg" class="chart scatter scales" viewBox="0 0 {width} {height}" '
+        f'width="{width}" height="{height}" preserveAspectRatio="xMidYMid meet" role="img" aria-label="{esc(title)}" '
+        f'{FONT} font-size="12">',
         f"<title>{esc(title)}</title>",
         f'<rect x="0" y="0" width="{width}" height="{height}" fill="#ffffff"/>',
     ]

@@ -256,7 +256,7 @@ def test_index_contents(site: tuple[ReportData, Path]) -> None:
     html = (out / "index.html").read_text(encoding="utf-8")
     text = " ".join(parse(out / "index.html").text)
     assert "UNCALIBRATED DEMO WEIGHTS" in text
-    assert "71.0 [62.0, 80.0]" in text and "1 (1–2)" in text and "75%" in text
+    assert "71.0 [62.0, 80.0]" in text and "1 (1–2)" in text and "18/24" in text  # judged by a judge, of the prompts
     assert "provisional" in text and "incomplete" in text
     assert 'id="cap-by-category"' in html and 'id="eps-by-category"' in html and 'id="cap-by-tag"' in html
     # every heatmap cell has a tooltip with its value
@@ -422,7 +422,7 @@ def test_sorting_by_every_column(browser) -> None:
         "overall",
         "capability",
         "eps",
-        "coverage",
+        "judged",
         "eps_scored",
         "flags",
     ]
