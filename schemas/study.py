@@ -134,6 +134,30 @@ class QualitySettings(BaseModel):
     min_seconds_on_screen: float = Field(default=1.0, ge=0)
 
 
+ASPECT_RE = re.compile(r"^([1-9][0-9]?):([1-9][0-9]?)$")
+
+
+class BlindingSettings(BaseModel):
+    """How the images of a study with mixed aspect ratios are made one shape before any judge sees
+    them (issue 27 item 7; required then, ``study open`` refuses without it): ``letterbox`` fits
+    each whole picture inside a canvas of ``aspect`` on grey bands (the bands' shape can still tell
+    a tool apart: the blinding report counts the tools it does), ``crop`` cuts each picture's centre
+    to ``aspect`` and fills the canvas (nothing of a source's shape is left). ``aspect``: "W:H",
+    e.g. "1:1", "4:3", "3:4"; between 1:4 and 4:1. Recorded in the pre-registration."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    shape: Literal["letterbox", "crop"]
+    aspect: str
+
+    @field_validator("aspect", mode="before")
+    @classmethod
+    def _aspect(cls, v) -> str:
+        m = ASPECT_RE.fullmatch(v) if isinstance(v, str) else None
+        if m is None or not 0.25 <= int(m.group(1)) / int(m.group(2)) <= 4:
+            raise ValueError(f"{v!r} is not an aspect ratio W:H between 1:4 and 4:1 (e.g. \"1:1\", \"4:3\", \"3:4\"; quote it in YAML)")
+        return v
+
+
 class StudyDefinition(BaseModel):
     """``study.yaml``: what a lab declares before its study opens."""
 
@@ -154,6 +178,7 @@ class StudyDefinition(BaseModel):
     simulated: bool = False  # answers made up by `make demo`: labelled SIMULATED on every output
     licence: str = "CC-BY-4.0"
     quality: QualitySettings = Field(default_factory=QualitySettings)
+    blinding: BlindingSettings | None = None  # the shape decision, needed when the images' aspects differ
 
     @field_validator("study_id")
     @classmethod
@@ -192,6 +217,23 @@ class StudyDefinition(BaseModel):
         return self
 
 
+class BlindingRecord(BaseModel):
+    """What the pre-registration records of the blinding's shape (issue 27 item 7): the decision
+    (``decided`` False: every picture already had one shape, the default letterbox on the square was
+    used), the served canvas, how many picture shapes the tools' images had inside it and how many
+    tools, and which, the shape alone tells apart (a shape only that tool's images have)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    shape: Literal["letterbox", "crop"]
+    aspect: str
+    canvas: str  # "1024x768"
+    decided: bool
+    tools: int
+    picture_shapes: int  # distinct sizes of the picture inside the canvas (1 after crop)
+    tools_told_apart_by_shape: int
+    told_apart_by_shape: list[str]
+
+
 class PreRegistration(BaseModel):
     """``preregistration.json``: written once at ``study open``, sha256-pinned; ``analyze``
     refuses a plan whose bytes changed after the first answer arrived."""
@@ -215,6 +257,9 @@ class PreRegistration(BaseModel):
     order_commitment: str | None = None
     # Set only in an exported copy of a /1 file: the sha256 of the original (seed withheld).
     redacted_from_sha256: str | None = None
+    # How the images were made one shape, with the blinding report's figure (plans written since
+    # issue 27 item 7; absent in older ones).
+    blinding: BlindingRecord | None = None
 
     @model_validator(mode="after")
     def _one_order_source(self) -> "PreRegistration":
@@ -225,7 +270,7 @@ class PreRegistration(BaseModel):
     def to_json_bytes(self) -> bytes:
         """The file's bytes: fields that are None and optional are left out (a /1 file stays /1)."""
         d = self.model_dump(mode="json")
-        for k in ("order_seed", "order_commitment", "redacted_from_sha256"):
+        for k in ("order_seed", "order_commitment", "redacted_from_sha256", "blinding"):
             if d.get(k) is None:
                 d.pop(k, None)
         import json

@@ -79,9 +79,45 @@ def study_status_cmd(
         err.print(f"study {study_id}: {st['state']}; {st['answers']} of {st.get('expected', 0)} answers; "
                   f"{st['images']} images; pre-registration sha256 {st['preregistration_sha256']}",
                   highlight=False, soft_wrap=True)
-        cols = ("judge", "group", "answered", "total", "last_answer_at")
-        render(cols, [[j["label"], j["group"], j["answered"], j["total"], j["last_answer_at"]] for j in st["judges"]], fmt,
-               title=f"study {study_id}")
+        from tasks.beauty.admin import judge_state
+        from tasks.beauty.prereg import deviation_sentence
+        from tasks.panel.store import now_us
+
+        now = now_us()
+        cols = ("judge", "group", "answered", "total", "last_answer_at", "state", "median_download_s")
+        render(cols, [[j["label"], j["group"], j["answered"], j["total"], j["last_answer_at"],
+                       judge_state(j, now) if "last_activity_us" in j else None, j.get("median_download_s")]
+                      for j in st["judges"]], fmt, title=f"study {study_id}")
+        devs = st.get("deviations") or []
+        if devs:  # issue 27 item 5: every look before the close, as the bundle will publish it
+            err.print(f"[bold yellow]{len(devs)} deviation{'s' if len(devs) != 1 else ''} from the pre-registration:[/]",
+                      highlight=False)
+            for d in devs:
+                err.print(f"  {deviation_sentence(d)}", highlight=False, soft_wrap=True, markup=False)
+
+
+@study_app.command("peek")
+def study_peek(
+    study_id: Annotated[str, typer.Argument(metavar="STUDY")],
+    reason: Annotated[Optional[str], typer.Option("--reason", help="why the results are looked at before the close "
+                                                  "(required; published with the study as a deviation)")] = None,
+) -> None:
+    """Look at the results of an open study before its close: recorded first, with the reason, as
+    a deviation from the pre-registration (listed by `study status`, published in the bundle)."""
+    with user_errors():
+        from tasks.beauty.prereg import deviation_sentence
+        from tasks.beauty.study import peek_results
+
+        if reason is None:
+            raise CliError("study peek needs --reason TEXT: a look before the close is a deviation from the "
+                           "pre-registration, recorded and published with its reason")
+        dev, pairs = peek_results(cli_settings(), study_id, reason)
+        err.print(f"[bold yellow]recorded as a deviation from the pre-registration:[/] {deviation_sentence(dev)}",
+                  highlight=False, soft_wrap=True)
+        render(("tool", "prompt", "answers", "yes", "pct_yes"),
+               [[p["tool"], p["prompt_id"], p["answers"], p["yes"],
+                 round(100.0 * p["yes"] / p["answers"], 1) if p["answers"] else None] for p in pairs],
+               OutputFormat.table, title=f"study {study_id}: results before the close")
 
 
 @study_app.command("close")

@@ -23,24 +23,31 @@ from fastapi.responses import JSONResponse, RedirectResponse, Response
 from starlette.concurrency import run_in_threadpool
 
 from schemas.study import MEMO_KEEP_CONSENT, MEMO_MAX_SECONDS, MEMO_PUBLISH_CONSENT
-from tasks.panel.app import COOKIES, CSS, MAX_POSITION, PanelShell, _message, _page, parse_position, refusal
+from tasks.panel.app import COOKIES, CSS, MAX_POSITION, PANEL_ENDED, PanelShell, _message, _page, parse_position, refusal
 from tasks.panel.blind import opaque_id
 from tasks.panel.limits import BodyLimit
 from tasks.panel.memo_audio import MEMO_CONTAINERS, MemoRejected, check_memo
-from tasks.panel.store import PanelError
+from tasks.panel.store import PanelError, StudyClosed
+from tasks.panel.timing import parse_browser_timing
+from tasks.beauty.admin import add_admin_routes
 from tasks.beauty.store import PanelStore
 
 MEMO_MAX_BYTES = 1_000_000  # 10 s of Opus is ~20-40 kB; anything near 1 MB is not a short memo
 MEMO_TYPES = MEMO_CONTAINERS  # accepted memo types (tasks/panel/memo_audio.py decodes each upload)
 
 
-def _pct(pair: dict) -> str:
-    return f"{100.0 * pair['yes'] / pair['answers']:.0f}%" if pair["answers"] else ""
-
-
 JS = """(function(){
 var form=document.getElementById('answer-form'); if(!form) return;
 var sent=false, pending=false, saving=null;
+// Time on screen (issue 27 item 4): the image is on screen from the browser's own load event, not
+// from when the server began sending it (a slow link's download is no viewing). Milliseconds from
+// this page's time origin, sent with the answer; the server bounds them by its own times.
+var img=document.getElementById('stimulus');
+function stamp(name,t){ var e=form.querySelector('input[name='+name+']'); if(e&&!e.value) e.value=t.toFixed(1); }
+function loaded(t){ var r=performance.getEntriesByName(img.currentSrc||img.src,'resource')[0];
+  if(r) stamp('t_request',r.startTime);
+  stamp('t_loaded',t!==undefined?t:(r&&r.responseEnd>0?r.responseEnd:performance.now())); }
+if(img){ if(img.complete&&img.naturalWidth>0) loaded(); else img.addEventListener('load',function(){ loaded(performance.now()); }); }
 function say(text){ if(!saving){ saving=document.createElement('p'); saving.id='saving'; saving.setAttribute('role','status');
   form.parentNode.insertBefore(saving,form.nextSibling); } saving.textContent=text; }
 // One answer per page: a second click, key or submit is dropped. The answer is sent by fetch and
@@ -48,7 +55,7 @@ function say(text){ if(!saving){ saving=document.createElement('p'); saving.id='
 // or no connection at all gets the same form again, after 1, 2, 4, then every 8 s. The store keys
 // an answer by judge and position, so an answer sent twice is recorded once.
 form.addEventListener('submit',function(e){
-  e.preventDefault(); if(sent||pending) return; sent=true;
+  e.preventDefault(); if(sent||pending) return; sent=true; stamp('t_answer',performance.now());
   var body=new URLSearchParams(new FormData(form)); if(e.submitter&&e.submitter.name) body.append(e.submitter.name,e.submitter.value);
   Array.prototype.forEach.call(form.querySelectorAll('button'),function(b){ b.disabled=true; });
   send(body.toString(),0); });
@@ -164,6 +171,7 @@ def create_app(settings, study_id: str, public_url: str | None = None) -> FastAP
 <form method="post" action="/answer" id="answer-form">
 <input type="hidden" name="position" value="{item.position}"><input type="hidden" name="image_id" value="{item.image_id}">
 <input type="hidden" name="memo_id" id="memo_id" value="">
+<input type="hidden" name="t_request" value=""><input type="hidden" name="t_loaded" value=""><input type="hidden" name="t_answer" value="">
 <button type="submit" name="answer" value="yes" id="yes">Yes (Y)</button>
 <button type="submit" name="answer" value="no" id="no">No (N)</button></form>{memo}
 <script src="/static/judge.js"></script>"""
@@ -186,8 +194,9 @@ def create_app(settings, study_id: str, public_url: str | None = None) -> FastAP
         choice, image_id, memo_id = form.get("answer"), form.get("image_id", ""), form.get("memo_id") or None
         if choice not in ("yes", "no"):
             return _message("Not recorded", "answer must be yes or no", 400)
+        timing = parse_browser_timing(form)  # the browser's own times: time on screen (issue 27 item 4)
         try:
-            await run_in_threadpool(store.record_answer, label, position, image_id, choice == "yes", memo_id)
+            await run_in_threadpool(store.record_answer, label, position, image_id, choice == "yes", memo_id, timing)
         except PanelError as exc:
             return refusal(exc)
         return RedirectResponse("/judge", status_code=303)
@@ -227,43 +236,10 @@ def create_app(settings, study_id: str, public_url: str | None = None) -> FastAP
 
         try:
             await run_in_threadpool(_save)
-        except PanelError as exc:
-            return JSONResponse({"error": str(exc)}, status_code=exc.status)
+        except PanelError as exc:  # a closed study: only that the panel has ended (issue 27 item 8)
+            return JSONResponse({"error": PANEL_ENDED[1] if isinstance(exc, StudyClosed) else str(exc)}, status_code=exc.status)
         return JSONResponse({"memo_id": memo_id})
 
-    @app.get("/admin/{token}")
-    async def admin_link(token: str) -> Response:
-        if len(token) > 128 or not await run_in_threadpool(store.is_admin_token, token):
-            return _message("Link not valid", "This link is not valid.", 404)
-        return await shell.sign_in("admin", None, "/admin")
-
-    @app.get("/admin")
-    async def admin_page(request: Request) -> Response:
-        if await shell.label(request, "admin") is None:
-            return _message("Open your admin link", "Open the admin link shown at study open.", 401)
-
-        def _load():
-            return store.study_row(), store.judge_progress(), store.pair_counts()
-
-        row, judges, pairs = await run_in_threadpool(_load)
-        esc = html.escape
-        jrows = "".join(f'<tr data-judge="{esc(j["label"])}"><td>{esc(j["label"])}</td><td>{esc(j["group"])}</td>'
-                        f'<td class="answered">{j["answered"]}</td><td>{j["total"]}</td>'
-                        f'<td>{j["last_answer_at"]:%Y-%m-%d %H:%M:%S} UTC</td></tr>' if j["last_answer_at"] else
-                        f'<tr data-judge="{esc(j["label"])}"><td>{esc(j["label"])}</td><td>{esc(j["group"])}</td>'
-                        f'<td class="answered">{j["answered"]}</td><td>{j["total"]}</td><td></td></tr>' for j in judges)
-        prows = "".join(f'<tr data-pair="{esc(p["tool"])}/{esc(p["prompt_id"])}"><td>{esc(p["tool"])}</td>'
-                        f'<td>{esc(p["prompt_id"])}</td><td class="answers">{p["answers"]}</td><td class="yes">{p["yes"]}</td>'
-                        f'<td>{_pct(p)}</td></tr>' for p in pairs)
-        total = sum(j["answered"] for j in judges)
-        expected = sum(j["total"] for j in judges)
-        sim = " (SIMULATED)" if definition.simulated else ""
-        body = (f'<h1>Study {esc(study_id)}{sim}</h1><p id="state">State: <b>{esc(row["state"])}</b>; '
-                f'<span id="answers-total">{total}</span> of {expected} answers; pre-registration '
-                f'{esc(prereg.created_at)}</p><h2>Judges</h2><table id="judges"><tr><th>judge</th><th>group</th>'
-                f'<th>answered</th><th>of</th><th>last answer</th></tr>{jrows}</table>'
-                f'<h2>Answers per tool and prompt</h2><table id="pairs"><tr><th>tool</th><th>prompt</th><th>answers</th>'
-                f'<th>yes</th><th>% yes</th></tr>{prows}</table>')
-        return _page(f"Admin: {study_id}", body)
-
+    # The admin's pages: progress while the study runs, results after the close (issue 27 item 5).
+    add_admin_routes(app, shell, store, study_id, definition, prereg)
     return app

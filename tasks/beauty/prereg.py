@@ -124,3 +124,44 @@ def status_of(prereg: PreRegistration | None, answers) -> PreregStatus:
     """``preregistration_status`` of an answers table (STUDY_ANSWERS or a bundle's answers)."""
     times = answers.column("shown_at").to_pylist() if answers is not None and answers.num_rows else []
     return preregistration_status(prereg, times)
+
+
+# ---- deviations from the pre-registration (issue 27 item 5) ------------------------------------
+# The plan says the results are looked at after the close. A lab that looks before (the admin
+# page's "look anyway", `study peek`) gives a reason; the panel store records it with the time and
+# the number of answers then (tasks/beauty/store.py, insert-only), and the bundle publishes every
+# such record beside the pre-registration it deviates from: deviations.json and the datasheet.
+
+PEEK = "results viewed before the close"
+REASON_MIN, REASON_MAX = 20, 1000
+DEVIATIONS_FILE = "deviations.json"
+DEVIATIONS_FORMAT = "imagebench-deviations/1"
+
+
+def reason_problem(reason: str) -> str | None:
+    """Why ``reason`` cannot be recorded (None: it can): it is published with the study, so it says
+    something (at least REASON_MIN characters), is not a page long, and is plain text."""
+    from schemas.study import text_problem
+
+    text = reason.strip()
+    if len(text) < REASON_MIN:
+        return f"give a reason of at least {REASON_MIN} characters: it is published with the study as a deviation"
+    if len(text) > REASON_MAX:
+        return f"the reason is {len(text)} characters; at most {REASON_MAX}"
+    return text_problem(text)
+
+
+def deviation_sentence(d: dict) -> str:
+    """One deviation as a sentence (the admin page, `study status`, the datasheet)."""
+    at = d["at"].astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    return f"{at}: {d['kind']} ({d['by']}, {d['answers']} answers recorded then); reason: {d['reason']}"
+
+
+def deviations_document(deviations: list[dict], preregistration_sha256: str | None) -> bytes:
+    """The bundle's deviations.json: every recorded deviation of the study, oldest first."""
+    import json
+
+    doc = {"format": DEVIATIONS_FORMAT, "preregistration_sha256": preregistration_sha256,
+           "deviations": [{"at": d["at"].astimezone(timezone.utc).isoformat(), "kind": d["kind"], "reason": d["reason"],
+                           "answers_recorded": d["answers"], "by": d["by"]} for d in deviations]}
+    return (json.dumps(doc, indent=1, sort_keys=True) + "\n").encode()

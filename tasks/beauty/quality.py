@@ -30,9 +30,11 @@ def flag_meanings(min_seconds: float) -> dict[str, str]:
     """Each flag an answer can carry, and what it means (the datasheet's legend; `study
     import-bundle` accepts these and no other)."""
     return {
-        NOT_LOADED: "the panel server never sent the image's bytes to the judge before the answer",
+        NOT_LOADED: "the image was not on the judge's screen before the answer: the panel server never sent its bytes, "
+                    "or the judge's browser had not finished loading them",
         too_fast(min_seconds): f"answered less than {min_seconds:g} s (study.json quality.min_seconds_on_screen) "
-                               "after the server sent the image",
+                               "after the image appeared in the judge's browser (its load event, bounded by the "
+                               "server's times; from when the server sent it where the page reported no times)",
     }
 
 

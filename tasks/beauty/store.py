@@ -12,16 +12,18 @@ from __future__ import annotations
 
 import os
 import secrets
+import statistics
 from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
 
 import pyarrow as pa
-from sqlalchemy import BigInteger, Boolean, Column, Integer, MetaData, String, Table, func, select
+from sqlalchemy import BigInteger, Boolean, Column, Float, Integer, MetaData, String, Table, func, select
 from sqlalchemy.exc import IntegrityError
 
 from schemas.study import STUDY_ANSWERS, salted_judge_id
 from tasks.panel.db import identity_table, open_engine, public_url
+from tasks.panel.timing import BrowserTiming, screen_time
 from tasks.panel.store import (
     NextItem, NotInQueue, OutOfOrder, PanelError, SqlStore, StudyClosed, add_missing_columns, from_us, new_token, now_us,
     sha256_hex, study_database, to_us,
@@ -74,6 +76,12 @@ answers = Table(
     Column("answered_at", BigInteger, nullable=False),
     Column("memo_id", String(64)),
     Column("image_served_at", BigInteger),  # copied from the queue: null = answered an image never loaded
+    # The judge's browser's own times (ms from the page's time origin; tasks/panel/timing.py, issue
+    # 27 item 4): image requested, image loaded (null: not loaded when answered), answered. All
+    # null: the page sent none (no script), the server's times stand alone.
+    Column("browser_request_ms", Float),
+    Column("browser_loaded_ms", Float),
+    Column("browser_answer_ms", Float),
 )
 memos = Table(
     "panel_memos", metadata,
@@ -97,6 +105,19 @@ sessions = Table(
     Column("role", String(8), nullable=False),  # judge | admin
     Column("label", String(64)),
     Column("created_at", BigInteger, nullable=False),
+)
+# Deviations from the pre-registration (issue 27 item 5): each look at the results before the close,
+# with its typed reason. Written once; no code path updates or deletes a row. The export publishes
+# them (tasks/beauty/prereg.py: deviations.json and the datasheet).
+deviations = Table(
+    "panel_deviations", metadata,
+    Column("study_id", String(64), primary_key=True),
+    Column("deviation_id", String(64), primary_key=True),
+    Column("at", BigInteger, nullable=False),
+    Column("kind", String(64), nullable=False),
+    Column("reason", String(2000), nullable=False),
+    Column("answers", Integer, nullable=False),  # answers recorded when it happened
+    Column("by", String(32), nullable=False),  # "admin page" | "command line"
 )
 identity_table(metadata)  # panel_store: the database's random id (tasks/panel/db.py)
 
@@ -239,9 +260,11 @@ class PanelStore(SqlStore):
                                               sessions.c.label == label))
         return token
 
-    def record_answer(self, label: str, position: int, image_id: str, answer: bool, memo_id: str | None = None) -> bool:
+    def record_answer(self, label: str, position: int, image_id: str, answer: bool, memo_id: str | None = None,
+                      timing: BrowserTiming | None = None) -> bool:
         """Record one answer, durable when this returns. True: recorded now; False: this exact
         answer slot was already recorded (a double click or a retried POST: nothing is added).
+        ``timing``: the browser's times sent with it (time on screen, tasks/panel/timing.py).
         Raises :class:`NotInQueue` for an image not at that place of the judge's queue,
         :class:`OutOfOrder` for skipping ahead, :class:`StudyClosed` once closed."""
         sid = self.study_id
@@ -266,7 +289,10 @@ class PanelStore(SqlStore):
             return self.insert_once(c, answers, dict(study_id=sid, label=label, position=position, image_id=image_id,
                                                      answer=answer, shown_at=q.shown_at,
                                                      answered_at=max(now_us(), q.shown_at), memo_id=memo_id,
-                                                     image_served_at=q.image_served_at))
+                                                     image_served_at=q.image_served_at,
+                                                     browser_request_ms=timing.request_ms if timing else None,
+                                                     browser_loaded_ms=timing.loaded_ms if timing else None,
+                                                     browser_answer_ms=timing.answer_ms if timing else None))
 
     def record_memo(self, label: str, position: int, memo_id: str, object_key: str, media_type: str, byte_size: int,
                     publish: bool = False) -> None:
@@ -286,15 +312,39 @@ class PanelStore(SqlStore):
 
     # ---- admin and export -----------------------------------------------------------------
     def judge_progress(self) -> list[dict]:
+        """Each judge's progress, nothing of their answers' content: answered of total, the last
+        answer's time, the last sign of life (an answer, or the current image shown or sent) and the
+        median download time of their images as their browser measured it (None: never measured;
+        tasks/panel/timing.py). What the admin page shows while the PI stays blind (issue 27 item 5)."""
         sid = self.study_id
-        with self._tx() as c:
+        with self._tx(read_only=True) as c:
             total = dict(c.execute(select(queue.c.label, func.count()).where(queue.c.study_id == sid).group_by(queue.c.label)).all())
-            done = dict(c.execute(select(answers.c.label, func.count()).where(answers.c.study_id == sid).group_by(answers.c.label)).all())
-            last = dict(c.execute(select(answers.c.label, func.max(answers.c.answered_at)).where(answers.c.study_id == sid)
-                                  .group_by(answers.c.label)).all())
             rows = c.execute(select(judges.c.label, judges.c.panel_group).where(judges.c.study_id == sid).order_by(judges.c.label)).all()
-        return [{"label": r.label, "group": r.panel_group, "answered": done.get(r.label, 0), "total": total.get(r.label, 0),
-                 "last_answer_at": from_us(last[r.label]) if last.get(r.label) else None} for r in rows]
+            got = c.execute(select(answers.c.label, answers.c.answered_at, answers.c.image_served_at, *_BROWSER_TIMES)
+                            .where(answers.c.study_id == sid)).all()
+            # The queue's latest shown/sent time per judge: the current image counts as activity.
+            seen = dict(c.execute(select(queue.c.label, func.max(func.coalesce(queue.c.image_served_at, queue.c.shown_at)))
+                                  .where(queue.c.study_id == sid).group_by(queue.c.label)).all())
+        done: dict[str, int] = {}
+        last: dict[str, int] = {}
+        downloads: dict[str, list[int]] = {}
+        for r in got:
+            done[r.label] = done.get(r.label, 0) + 1
+            last[r.label] = max(last.get(r.label, 0), r.answered_at)
+            d = screen_time(r.image_served_at, r.answered_at, _timing(r)).download_us
+            if d is not None:
+                downloads.setdefault(r.label, []).append(d)
+        out = []
+        for r in rows:
+            activity = max([t for t in (last.get(r.label), seen.get(r.label)) if t is not None], default=None)
+            ds = sorted(downloads.get(r.label, []))
+            out.append({"label": r.label, "group": r.panel_group, "answered": done.get(r.label, 0),
+                        "total": total.get(r.label, 0),
+                        "last_answer_at": from_us(last[r.label]) if r.label in last else None,
+                        "last_activity_us": activity,
+                        "median_download_s": statistics.median(ds) / 1e6 if ds else None,
+                        "downloads_measured": len(ds)})
+        return out
 
     def pair_counts(self) -> list[dict]:
         """Answers and yes per (tool, prompt), every image of the study listed (zeros included)."""
@@ -309,6 +359,30 @@ class PanelStore(SqlStore):
                               .distinct().order_by(images.c.tool, images.c.prompt_id)).all()
         return [{"tool": t, "prompt_id": p, "answers": got.get((t, p), (0, 0))[0], "yes": int(got.get((t, p), (0, 0))[1] or 0)}
                 for t, p in pairs]
+
+    def record_deviation(self, kind: str, reason: str, by: str) -> dict:
+        """Record a deviation from the pre-registration (a look at the results before the close)
+        with its reason and the number of answers then; refused once the study is closed (the
+        results are then the study's, no deviation). Returns the row as :meth:`deviations` gives it."""
+        deviations.create(self.engine, checkfirst=True)  # a panel database created before this table
+        sid = self.study_id
+        with self._tx() as c:
+            self._require_open(c)
+            n = c.execute(select(func.count()).select_from(answers).where(answers.c.study_id == sid)).scalar()
+            row = dict(study_id=sid, deviation_id=secrets.token_hex(8), at=now_us(), kind=kind, reason=reason, answers=n, by=by)
+            c.execute(deviations.insert().values(**row))
+        return _deviation(row)
+
+    def deviations(self) -> list[dict]:
+        """Every recorded deviation of the study, oldest first: at (UTC), kind, reason, answers, by."""
+        from sqlalchemy import inspect
+
+        if not inspect(self.engine).has_table(deviations.name):
+            return []
+        with self._tx(read_only=True) as c:
+            rows = c.execute(select(deviations).where(deviations.c.study_id == self.study_id)
+                             .order_by(deviations.c.at, deviations.c.deviation_id)).mappings().all()
+        return [_deviation(r) for r in rows]
 
     def answer_count(self) -> int:
         with self._tx() as c:
@@ -346,19 +420,37 @@ class PanelStore(SqlStore):
         with self._tx() as c:
             rows = c.execute(select(answers.c.label, judges.c.panel_group, images.c.tool, images.c.prompt_id,
                                     answers.c.image_id, answers.c.position, answers.c.answer, answers.c.shown_at,
-                                    answers.c.answered_at, answers.c.memo_id, answers.c.image_served_at)
+                                    answers.c.answered_at, answers.c.memo_id, answers.c.image_served_at,
+                                    *_BROWSER_TIMES)
                              .select_from(j).where(answers.c.study_id == sid)
                              .order_by(answers.c.label, answers.c.position)).all()
         out = [{"study_id": sid, "judge_id": salted_judge_id(salt, r.label),
                 "panel_group": r.panel_group, "tool": r.tool, "prompt_id": r.prompt_id, "image_id": r.image_id,
                 "position": r.position, "answer": bool(r.answer), "shown_at": from_us(r.shown_at),
                 "answered_at": from_us(r.answered_at), "memo": r.memo_id is not None, "source": "panel",
-                **answer_quality(r.image_served_at, r.answered_at)} for r in rows]
+                **answer_quality(r.image_served_at, r.answered_at, _timing(r))} for r in rows]
         return pa.Table.from_pylist(out, schema=STUDY_ANSWERS)
 
 
-def answer_quality(image_served_at: int | None, answered_at: int) -> dict:
-    """QC evidence of one answer: whether the server had sent the image's bytes to the judge
-    before the answer, and the seconds from then to the answer (its time on screen)."""
-    loaded = image_served_at is not None and image_served_at <= answered_at
-    return {"image_loaded": loaded, "seconds_on_screen": (answered_at - image_served_at) / 1e6 if loaded else None}
+def _deviation(row) -> dict:
+    return {"at": from_us(row["at"]), "kind": row["kind"], "reason": row["reason"], "answers": row["answers"], "by": row["by"]}
+
+
+_BROWSER_TIMES = (answers.c.browser_request_ms, answers.c.browser_loaded_ms, answers.c.browser_answer_ms)
+
+
+def _timing(row) -> BrowserTiming | None:
+    """The browser's times stored with an answer (None when its page sent none)."""
+    if row.browser_answer_ms is None:
+        return None
+    return BrowserTiming(row.browser_request_ms, row.browser_loaded_ms, row.browser_answer_ms)
+
+
+def answer_quality(image_served_at: int | None, answered_at: int, timing: BrowserTiming | None = None) -> dict:
+    """QC evidence of one answer: whether the image was on screen before the answer (the server
+    had sent its bytes and, when the page said, the browser had loaded them) and for how many
+    seconds: from the browser's load event to the answer, bounded by the server's window, or that
+    window itself when the page sent no times (tasks/panel/timing.py, issue 27 item 4)."""
+    seen = screen_time(image_served_at, answered_at, timing)
+    return {"image_loaded": seen.loaded,
+            "seconds_on_screen": seen.on_screen_us / 1e6 if seen.loaded and seen.on_screen_us is not None else None}

@@ -27,6 +27,7 @@ from pydantic import ValidationError
 from schemas.panel import PANEL_STORE_RECORD_FILE
 from schemas.study import (
     HYPOTHESES,
+    BlindingRecord,
     PUBLISHED_GROUP_SIZES,
     STUDY_ID_RE,
     PreRegistration,
@@ -62,6 +63,8 @@ def canonical_definition(definition: StudyDefinition) -> bytes:
     data = definition.model_dump(mode="json")
     if definition.quality == QualitySettings():
         data.pop("quality")  # a field added later: at its default, studies opened before it keep their hash
+    if definition.blinding is None:
+        data.pop("blinding")  # likewise (issue 27 item 7)
     return json.dumps(data, sort_keys=True, separators=(",", ":")).encode()
 
 
@@ -170,7 +173,8 @@ def template(study_id: str, tools: list[str], host_tool: str | None = None) -> s
     }
     head = ("# Beauty Index study (docs/BEAUTY.md). Edit, then: imagebench study open " + study_id + "\n"
             "# tools: model ids in the object store (models/<tool>/<prompt_id>.png, one image per prompt of the suite)\n"
-            "# judges: anonymous labels only (never names); groups default to the five published ones\n")
+            "# judges: anonymous labels only (never names); groups default to the five published ones\n"
+            "# blinding: {shape: letterbox|crop, aspect: \"1:1\"}: needed when the tools' images differ in aspect ratio\n")
     return head + yaml.safe_dump(body, sort_keys=False, allow_unicode=True)
 
 
@@ -297,7 +301,12 @@ def open_study(settings, study_id: str, now: datetime | None = None) -> OpenedSt
 
         # Blind everything first, in memory: a study whose tools can still be told apart opens nothing.
         pairs = [(tool, row) for tool in definition.tools for row in ingested[tool]]
-        served, report = blind_study([(tool, (Path(settings.home) / row["image_path"]).read_bytes()) for tool, row in pairs])
+        sources = [(tool, (Path(settings.home) / row["image_path"]).read_bytes()) for tool, row in pairs]
+        shape = definition.blinding
+        if shape is None:
+            _require_one_shape(study_id, sources)  # mixed aspects need a decision (issue 27 item 7)
+        served, report = blind_study(sources, aspect=shape.aspect if shape else "1:1",
+                                     shape=shape.shape if shape else "letterbox", decided=shape is not None)
         if report.leaks:
             raise StudyError(f"study {study_id} cannot open: blinding leaves a tool recognisable: {'; '.join(report.leaks)}")
 
@@ -311,7 +320,8 @@ def open_study(settings, study_id: str, now: datetime | None = None) -> OpenedSt
                 definition_sha256=hashlib.sha256(canonical_definition(definition)).hexdigest(),
                 suite=suite.version, suite_sha256=suite.sha256, hypotheses=dict(HYPOTHESES),
                 analysis=definition.analysis, order_commitment=commitment(create_order_secret(d)),
-                host_tool=definition.host_tool, praised_for_aesthetics=list(definition.praised_for_aesthetics))
+                host_tool=definition.host_tool, praised_for_aesthetics=list(definition.praised_for_aesthetics),
+                blinding=BlindingRecord(**report.shape))
             _write_prereg(d, prereg)
         elif prereg.suite_sha256 != suite.sha256:
             raise StudyError(f"{d / PREREG_FILE} was registered with suite sha256 {prereg.suite_sha256}, not {suite.sha256}")
@@ -347,6 +357,27 @@ def open_study(settings, study_id: str, now: datetime | None = None) -> OpenedSt
             store.dispose()
 
 
+def _require_one_shape(study_id: str, sources: list[tuple[str, bytes]]) -> None:
+    """Refuse a study whose pictures come in more than one shape and that has not decided how they
+    are made one (``blinding`` in study.yaml), naming each tool's aspects and what letterboxing
+    them on the square would leave for the shape to tell."""
+    from tasks.panel.blind import aspects_by_tool, image_facts, source_shapes, told_apart_by_shape
+
+    facts = [image_facts(tool, data) for tool, data in sources]
+    boxes = source_shapes(facts)
+    if len({box for _, box in boxes}) <= 1:
+        return
+    told = told_apart_by_shape(boxes)
+    n_tools = len({tool for tool, _ in sources})
+    raise StudyError(
+        f"study {study_id} cannot open: its images come in {len({box for _, box in boxes})} shapes ({aspects_by_tool(facts)}); "
+        "decide in study.yaml how they are made one shape before any judge sees them, e.g. "
+        "blinding: {shape: letterbox, aspect: \"1:1\"} keeps each picture whole on grey bands, whose shape alone "
+        f"tells apart {len(told)} of {n_tools} tools here, or blinding: {{shape: crop, aspect: \"1:1\"}} cuts each "
+        "picture's centre to that aspect (no band, nothing of the shape left). The decision and the figure are "
+        "recorded in the pre-registration (docs/BEAUTY.md)")
+
+
 def _answers_in_lake(settings, study_id: str) -> int:
     """How many answers the lake holds for the study (imported or simulated before any open)."""
     from tasks.beauty.tables import read_study_partition
@@ -379,7 +410,7 @@ def study_status(settings, study_id: str) -> dict:
             "judges": judges, "answers": sum(j["answered"] for j in judges),
             "expected": sum(j["total"] for j in judges), "images": len(store.image_rows()),
             "preregistration_sha256": _read_sums(d).get(PREREG_FILE), "study_dir": str(d),
-            "simulated": definition.simulated,
+            "simulated": definition.simulated, "deviations": store.deviations(),
         }
     finally:
         if store is not None:
@@ -396,6 +427,33 @@ def close_study(settings, study_id: str) -> bool:
         if not store.exists():
             raise StudyError(f"study {study_id} was never opened (imagebench study open {study_id})")
         return store.close()
+    finally:
+        store.dispose()
+
+
+def peek_results(settings, study_id: str, reason: str) -> tuple[dict, list[dict]]:
+    """A look at the results of an open study before its close (issue 27 item 5): recorded first
+    as a deviation from the pre-registration with ``reason`` (refused without one), then the
+    answers and yes per (tool, prompt). Returns (the deviation, the pairs)."""
+    from tasks.beauty.prereg import PEEK, reason_problem
+    from tasks.panel.store import StudyClosed
+
+    problem = reason_problem(reason)
+    if problem:
+        raise StudyError(f"study {study_id}: nothing shown: {problem}")
+    load_study(settings, study_id)
+    store = open_panel_store(settings, study_id, missing_ok=True)
+    if store is None or not store.exists():
+        if store is not None:
+            store.dispose()
+        raise StudyError(f"study {study_id} was never opened (imagebench study open {study_id})")
+    try:
+        try:
+            dev = store.record_deviation(PEEK, reason.strip(), "command line")
+        except StudyClosed:
+            raise StudyError(f"study {study_id} is closed: its results are no deviation; see imagebench study analyze "
+                             f"--study {study_id}") from None
+        return dev, store.pair_counts()
     finally:
         store.dispose()
 

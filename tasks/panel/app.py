@@ -35,7 +35,7 @@ from starlette.concurrency import run_in_threadpool
 
 from tasks.panel.blind import BLIND_EXTENSION, BLIND_MEDIA_TYPE
 from tasks.panel.limits import BodyLimit, BodyLimitMiddleware, BodyRules, ServerLimits, raise_open_files_limit
-from tasks.panel.store import PanelError
+from tasks.panel.store import PanelError, StudyClosed
 
 log = logging.getLogger("imagebench.panel")
 
@@ -75,9 +75,15 @@ def _message(title: str, text: str, status: int) -> HTMLResponse:
     return _page(title, f'<h1>{html.escape(title)}</h1><p id="message">{html.escape(text)}</p>', status)
 
 
+PANEL_ENDED = ("The panel has ended", "This panel has ended: it takes no more answers. Thank you for taking part.")
+
+
 def refusal(exc: PanelError) -> HTMLResponse:
     """The page of a store's refusal: "Nothing to do" for a 409 (already answered, queue done),
-    else "Not recorded", with the refusal's own status."""
+    else "Not recorded", with the refusal's own status. A closed study's page says only that the
+    panel has ended (issue 27 item 8): a judge is not shown the study's id."""
+    if isinstance(exc, StudyClosed):
+        return _message(*PANEL_ENDED, exc.status)
     return _message("Not recorded" if exc.status != 409 else "Nothing to do", str(exc), exc.status)
 
 

@@ -91,8 +91,35 @@ def _to_srgb(im: Image.Image) -> Image.Image:
     return im
 
 
-def blind_image(data: bytes, long_side: int = BLIND_LONG_SIDE) -> BlindedImage:
-    """Decode ``data`` and re-encode it with the study's one encoder (see the module doc)."""
+def canvas_size(aspect: tuple[int, int] = (1, 1), long_side: int = BLIND_LONG_SIDE) -> tuple[int, int]:
+    """The served canvas of aspect ``W:H`` whose long side is ``long_side``."""
+    w, h = aspect
+    return (long_side, max(1, round(long_side * h / w))) if w >= h else (max(1, round(long_side * w / h)), long_side)
+
+
+def picture_box(w: int, h: int, canvas: tuple[int, int]) -> tuple[int, int]:
+    """The size of a ``w`` x ``h`` picture letterboxed inside ``canvas`` (whole, centred)."""
+    scale = min(canvas[0] / w, canvas[1] / h)
+    return min(canvas[0], max(1, round(w * scale))), min(canvas[1], max(1, round(h * scale)))
+
+
+def _centre_crop(im: Image.Image, canvas: tuple[int, int]) -> Image.Image:
+    """The centre of ``im`` cut to the canvas's aspect (the larger side trimmed evenly)."""
+    w, h = im.size
+    if w * canvas[1] > h * canvas[0]:  # wider than the canvas: trim the sides
+        keep = max(1, round(h * canvas[0] / canvas[1]))
+        left = (w - keep) // 2
+        return im.crop((left, 0, left + keep, h))
+    keep = max(1, round(w * canvas[1] / canvas[0]))
+    top = (h - keep) // 2
+    return im.crop((0, top, w, top + keep))
+
+
+def blind_image(data: bytes, long_side: int = BLIND_LONG_SIDE, *, aspect: tuple[int, int] = (1, 1),
+                shape: str = "letterbox") -> BlindedImage:
+    """Decode ``data`` and re-encode it with the study's one encoder (see the module doc), on a
+    canvas of ``aspect`` (long side ``long_side``): ``letterbox`` fits the whole picture on grey
+    bands, ``crop`` cuts its centre to the canvas's aspect and fills it (issue 27 item 7)."""
     with Image.open(io.BytesIO(data)) as src:
         src.load()
         im = ImageOps.exif_transpose(src)
@@ -104,17 +131,22 @@ def blind_image(data: bytes, long_side: int = BLIND_LONG_SIDE) -> BlindedImage:
             im = flat
         else:
             im = im.convert("RGB")
-    w, h = im.size
-    scale = long_side / max(w, h)
-    size = (min(long_side, max(1, round(w * scale))), min(long_side, max(1, round(h * scale))))
+    canvas = canvas_size(aspect, long_side)
+    if shape == "crop":
+        im = _centre_crop(im, canvas)
+        size = canvas
+    elif shape == "letterbox":
+        size = picture_box(*im.size, canvas)
+    else:
+        raise ValueError(f"blinding shape {shape!r}: letterbox or crop")
     im = im.resize(size, Image.Resampling.LANCZOS)
     # A fresh canvas (no info dict: exif, icc, comments) of one size, the picture centred on the grey.
-    clean = Image.new("RGB", (long_side, long_side), BACKGROUND)
-    clean.paste(im, ((long_side - size[0]) // 2, (long_side - size[1]) // 2))
+    clean = Image.new("RGB", canvas, BACKGROUND)
+    clean.paste(im, ((canvas[0] - size[0]) // 2, (canvas[1] - size[1]) // 2))
     out = io.BytesIO()
     clean.save(out, BLIND_FORMAT, quality=BLIND_QUALITY, subsampling=BLIND_SUBSAMPLING, optimize=False,
                progressive=False, exif=b"", icc_profile=None)
-    return BlindedImage(out.getvalue(), long_side, long_side, size)
+    return BlindedImage(out.getvalue(), canvas[0], canvas[1], size)
 
 
 def pad_to(data: bytes, n_bytes: int) -> bytes:
@@ -132,6 +164,26 @@ class BlindingReport:
     lines: list[str] = field(default_factory=list)
     leaks: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    shape: dict = field(default_factory=dict)  # the pre-registration's blinding record (schemas.study.BlindingRecord)
+
+
+def told_apart_by_shape(content: list[tuple[str, tuple[int, int]]]) -> list[str]:
+    """The tools that the picture's shape inside the canvas alone tells apart: some box size occurs
+    in that tool's images only (the rule of :func:`blinding_report`, for the shape)."""
+    owners: dict[tuple[int, int], set[str]] = {}
+    for tool, box in content:
+        owners.setdefault(box, set()).add(tool)
+    if len({tool for tool, _ in content}) < 2:
+        return []
+    return sorted({next(iter(who)) for who in owners.values() if len(who) == 1})
+
+
+def shape_sentence(shape: str, aspect: str, canvas: tuple[int, int], told: list[str], n_tools: int) -> str:
+    """The blinding report's line on shape, with its figure."""
+    how = "each picture whole on grey bands" if shape == "letterbox" else "each picture's centre, no bands"
+    who = f" ({', '.join(told)})" if told else ""
+    return (f"  shape: {shape} to {aspect} ({canvas[0]}x{canvas[1]}, {how}): the picture's shape inside the canvas "
+            f"alone tells apart {len(told)} of {n_tools} tools{who}")
 
 
 def _tells_apart(facts: list[ImageFacts], what: str, value) -> list[str]:
@@ -168,13 +220,15 @@ def _summary(facts: list[ImageFacts]) -> str:
     return f"sizes {sizes}; aspect {aspects}; alpha {alpha}/{len(facts)}; bytes {min(b)}-{max(b)} (median {sorted(b)[len(b) // 2]})"
 
 
-def blinding_report(before: list[ImageFacts], after: list[ImageFacts], content: list[tuple[str, tuple[int, int]]]) -> BlindingReport:
+def blinding_report(before: list[ImageFacts], after: list[ImageFacts], content: list[tuple[str, tuple[int, int]]],
+                    canvas: tuple[int, int] = (BLIND_LONG_SIDE, BLIND_LONG_SIDE), shape: str = "letterbox") -> BlindingReport:
     """The report ``study open`` prints, and the leaks that make it refuse to open: a served size,
     aspect ratio, alpha or format that only one tool's images have, or two tools' served byte
     ranges that do not overlap. ``content``: (tool, picture size inside the canvas): the letterbox
     bands still show a source's aspect, a warning (not a leak: the canvas is the protocol's choice)."""
     rep = BlindingReport()
-    rep.lines.append(f"blinding report: every image served as one {BLIND_LONG_SIDE}x{BLIND_LONG_SIDE} canvas, letterboxed and "
+    fitted = "letterboxed" if shape == "letterbox" else "centre-cropped"
+    rep.lines.append(f"blinding report: every image served as one {canvas[0]}x{canvas[1]} canvas, {fitted} and "
                      f"alpha flattened on grey {BACKGROUND}, {BLIND_FORMAT} quality {BLIND_QUALITY} 4:2:0, padded to one byte size")
     for tool in sorted({f.tool for f in before}):
         rep.lines.append(f"  {tool}: before: {_summary([f for f in before if f.tool == tool])}")
@@ -193,15 +247,43 @@ def blinding_report(before: list[ImageFacts], after: list[ImageFacts], content: 
     return rep
 
 
-def blind_study(sources: list[tuple[str, bytes]]) -> tuple[list[bytes], BlindingReport]:
-    """Blind every (tool, source bytes) of a study onto the one canvas, pad all files to one byte
-    size, and report. Returns the served bytes in the order given, and the report."""
+def source_shapes(facts: list[ImageFacts], canvas: tuple[int, int] = (BLIND_LONG_SIDE, BLIND_LONG_SIDE)) -> list[tuple[str, tuple[int, int]]]:
+    """(tool, picture box) of each source letterboxed on ``canvas``: more than one box size means
+    mixed aspect ratios, which need a decision before a study opens (tasks/beauty/study.py)."""
+    return [(f.tool, picture_box(f.width, f.height, canvas)) for f in facts]
+
+
+def aspects_by_tool(facts: list[ImageFacts]) -> str:
+    """``tool: 16:9 x10; tool: 3:4 x5, 4:3 x5`` (the sources' aspects, for messages)."""
+    out = []
+    for tool in sorted({f.tool for f in facts}):
+        counts = Counter(f.aspect for f in facts if f.tool == tool)
+        out.append(f"{tool}: " + ", ".join(f"{a} x{n}" for a, n in sorted(counts.items())))
+    return "; ".join(out)
+
+
+def blind_study(sources: list[tuple[str, bytes]], *, aspect: str = "1:1", shape: str = "letterbox",
+                decided: bool = False) -> tuple[list[bytes], BlindingReport]:
+    """Blind every (tool, source bytes) of a study onto the one canvas of ``aspect`` (``shape``:
+    letterbox or crop; ``decided``: the study chose them, else the default letterbox on the
+    square), pad all files to one byte size, and report. Returns the served bytes in the order
+    given, and the report (its ``shape``: the pre-registration's record, with the figure)."""
+    ratio = tuple(int(x) for x in aspect.split(":"))
     before = [image_facts(tool, data) for tool, data in sources]
-    blinded = [blind_image(data) for _, data in sources]
+    blinded = [blind_image(data, aspect=ratio, shape=shape) for _, data in sources]
     size = max(len(b.data) for b in blinded)
     served = [pad_to(b.data, size) for b in blinded]
     after = [image_facts(tool, data) for (tool, _), data in zip(sources, served)]
-    return served, blinding_report(before, after, [(tool, b.content) for (tool, _), b in zip(sources, blinded)])
+    content = [(tool, b.content) for (tool, _), b in zip(sources, blinded)]
+    canvas = (blinded[0].width, blinded[0].height)
+    report = blinding_report(before, after, content, canvas, shape)
+    told = told_apart_by_shape(content)
+    n_tools = len({tool for tool, _ in sources})
+    report.shape = {"shape": shape, "aspect": aspect, "canvas": f"{canvas[0]}x{canvas[1]}", "decided": decided,
+                    "tools": n_tools, "picture_shapes": len({box for _, box in content}),
+                    "tools_told_apart_by_shape": len(told), "told_apart_by_shape": told}
+    report.lines.insert(-1, shape_sentence(shape, aspect, canvas, told, n_tools))
+    return served, report
 
 
 def metadata_markers_in(data: bytes) -> list[str]:

@@ -73,7 +73,13 @@ def beauty_prompt_ids() -> list[str]:
     return [p.prompt_id for p in load_beauty_suite(REPO / "reference").prompts]
 
 
-def write_study(settings, study_id: str, judges: list[tuple[str, str]], tools=TOOLS, memo: bool = True) -> None:
+# The images above come in two aspects (PNG 96x128, JPEG 128x96), so a study of them opens only
+# with a decision on their shape (issue 27 item 7): letterboxed on the square canvas, as before it.
+LETTERBOX = {"shape": "letterbox", "aspect": "1:1"}
+
+
+def write_study(settings, study_id: str, judges: list[tuple[str, str]], tools=TOOLS, memo: bool = True,
+                blinding: dict | None = LETTERBOX) -> None:
     from tasks.beauty.study import study_dir
 
     d = study_dir(settings, study_id)
@@ -81,6 +87,7 @@ def write_study(settings, study_id: str, judges: list[tuple[str, str]], tools=TO
     (d / "study.yaml").write_text(yaml.safe_dump({
         "study_id": study_id, "tools": list(tools), "memo": memo, "host_tool": tools[0],
         "judges": [{"label": label, "group": group} for label, group in judges],
+        **({"blinding": blinding} if blinding is not None else {}),
     }))
 
 

@@ -159,7 +159,9 @@ def test_closed_study_accepts_nothing(panel_settings):
         assert close_study(panel_settings, "closing") is True
         assert c.post("/answer", data={"position": pos, "image_id": img, "answer": "yes"}).status_code == 409
         assert c.post(f"/memo?position={pos}&consent=1", content=WEBM, headers={"Content-Type": "audio/webm"}).status_code == 409
-        assert "closed" in c.get("/judge").text
+        memo = c.post(f"/memo?position={pos}&consent=1", content=WEBM, headers={"Content-Type": "audio/webm"})
+        assert "closing" not in memo.text and memo.json()["error"].startswith("This panel has ended")  # issue 27 item 8
+        assert "has ended" in c.get("/judge").text
     assert PanelStore.open(opened.study_dir).answer_count() == 0
 
 
@@ -210,5 +212,6 @@ def test_admin_page_needs_its_own_token(panel_study, panel_server, role):
             r = c.get(f"/admin/{panel_study.admin_token}")
             assert r.status_code == 303
             page = c.get("/admin")
-            assert page.status_code == 200 and 'id="judges"' in page.text and TOOLS[0] in page.text
+            # progress while the study runs, no tool or result (issue 27 item 5: tests/panel/test_admin_blind.py)
+            assert page.status_code == 200 and 'id="judges"' in page.text and TOOLS[0] not in page.text
             assert panel_study.admin_token not in "\n".join(panel_server.log.lines)

@@ -93,6 +93,6 @@ def test_the_page_keeps_an_answer_the_server_did_not_take_and_sends_it_once(pane
 
         assert close_study(panel_settings, "retry") is True
         drv.find_element(By.ID, "yes").click()
-        WebDriverWait(drv, WAIT_S, poll_frequency=0.1).until(lambda d: "closed" in d.find_element(By.TAG_NAME, "body").text)
-        assert drv.find_element(By.ID, "message").text.startswith("study retry is closed")
+        WebDriverWait(drv, WAIT_S, poll_frequency=0.1).until(lambda d: "has ended" in d.find_element(By.TAG_NAME, "body").text)
+        assert drv.find_element(By.ID, "message").text.startswith("This panel has ended")  # no study id (issue 27 item 8)
         assert len(_answers(opened, "r1")) == 2 and sum("POST /answer 409" in line for line in served.log.lines) == 1

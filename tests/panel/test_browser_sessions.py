@@ -157,7 +157,8 @@ def test_images_stop_after_study_close(browser, panel_settings, monkeypatch):
 
         drv.refresh()
         assert not drv.find_elements(By.ID, "stimulus") and _position(drv) is None
-        assert "is closed" in drv.find_element(By.ID, "message").text
+        assert drv.find_element(By.ID, "message").text.startswith("This panel has ended")  # no study id (issue 27 item 8)
+        assert opened.study_id not in drv.page_source
         # the same image asked for again by this browser, with the judge's live cookie
         assert drv.get_cookie(COOKIES["judge"]) is not None
         status = drv.execute_async_script(

@@ -145,6 +145,11 @@ def test_cli_study_init_open_status_close(tmp_path, monkeypatch):
     runner = CliRunner()
     r = runner.invoke(app, ["study", "init", "cli-study", "--host-tool", TOOLS[1]])
     assert r.exit_code == 0, r.output
+    # The images come in two aspects: no open without a decision on their shape (issue 27 item 7).
+    r = runner.invoke(app, ["study", "open", "cli-study", "--url", "http://panel.example"])
+    assert r.exit_code == 1 and "cannot open" in r.output and "blinding:" in r.output, r.output
+    path = tmp_path / "studies" / "cli-study" / "study.yaml"
+    path.write_text(path.read_text() + 'blinding: {shape: letterbox, aspect: "1:1"}\n')
     r = runner.invoke(app, ["study", "open", "cli-study", "--url", "http://panel.example"])
     assert r.exit_code == 0, r.output
     assert "blinding report" in r.output and "no tool can be told apart" in r.output
@@ -220,9 +225,9 @@ def test_open_refuses_when_blinding_leaves_a_tool_recognisable(tmp_path, monkeyp
     real = blind.blind_image
     calls = {"n": 0}
 
-    def leaky(data, long_side=BLIND_LONG_SIDE):
+    def leaky(data, long_side=BLIND_LONG_SIDE, **shape):
         calls["n"] += 1  # the second tool's images come out at another size
-        return real(data, long_side if calls["n"] <= 10 else 512)
+        return real(data, long_side if calls["n"] <= 10 else 512, **shape)
 
     monkeypatch.setattr(blind, "blind_image", leaky)
     with pytest.raises(StudyError, match=r"cannot open: blinding leaves a tool recognisable: .*quokka-diffusion by size \(512x512 only in its images\)"):
