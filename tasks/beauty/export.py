@@ -8,6 +8,8 @@
     study.json                      the study definition, judges replaced by the panel's counts
     preregistration.json            the pinned plan, byte for byte (when the study was opened; a
                                     plan of format /1 without its order seed, tasks/beauty/prereg.py)
+    deviations.json                 every look at the results before the close, with its reason
+                                    (a study opened for the panel app; issue 27 item 5)
     prompts.jsonl                   the prompt suite as pinned
     anonymity.json                  the lab's publication choices and the re-identification figures
     datasheet.md                    protocol, schema, panel composition, quality control, privacy
@@ -212,7 +214,7 @@ def _quality_lines(pub: Published) -> list[str]:
 
 
 def _datasheet(ctx, prereg_sha: str | None, counts: Counter, groups: list[dict], answers: pa.Table, index: pa.Table,
-               notes: list[str], pub: Published, status=None) -> str:
+               notes: list[str], pub: Published, status=None, deviations: list[dict] | None = None) -> str:
     d = ctx.definition
     lines = [f"# Datasheet: Beauty Index study `{d.study_id}`", ""]  # study_id: [a-z0-9-]
     lines += [f"**{n}**" for n in notes] + ([""] if notes else [])
@@ -247,6 +249,7 @@ def _datasheet(ctx, prereg_sha: str | None, counts: Counter, groups: list[dict],
     else:
         lines += ["None: the study was never opened in imagebench (answers imported), so no plan was pinned "
                   "before the answers; the analysis used the settings of study.json."]
+    lines += _deviation_lines(deviations)
     lines += ["", "## Files and schema", "",
               "- `answers.parquet` / `answers.csv`: one row per published judge x image. `judge_id`: salted sha256 of "
               "the judge's label (the salt is not published, so ids cannot be recomputed from a guessed name); "
@@ -260,6 +263,8 @@ def _datasheet(ctx, prereg_sha: str | None, counts: Counter, groups: list[dict],
               "`pixel_metrics.csv`: the analysis, as in the lake tables of the same names (docs/BEAUTY.md).",
               f"- `memos/`: {pub.memos_published} voice recording(s) published with their judge's consent, linked to nothing.",
               f"- `{ANONYMITY_FILE}`: the export options and the re-identification figures below, for programs.",
+              "- `deviations.json` (a study opened for the panel app): every look at the results before the close, "
+              "with its reason (Pre-registration above).",
               "- `study.json`, `preregistration.json`, `prompts.jsonl`, `LICENSE.txt`, `SHA256SUMS` "
               "(`sha256sum -c SHA256SUMS` checks the bundle)."]
     lines += _quality_lines(pub)
@@ -273,6 +278,20 @@ def _datasheet(ctx, prereg_sha: str | None, counts: Counter, groups: list[dict],
     lines += ["", "## Licence", "", f"{md(d.licence)}: prompts, selection criteria, protocol, anonymised answers and "
               "report. Judges' identities are not part of the release.", ""]
     return "\n".join(lines)
+
+
+def _deviation_lines(deviations: list[dict] | None) -> list[str]:
+    """The datasheet's deviations from the pre-registration (issue 27 item 5): every look at the
+    results before the close, with its reason, as the panel store recorded it (deviations.json)."""
+    from tasks.beauty.prereg import DEVIATIONS_FILE, deviation_sentence
+
+    if deviations is None:
+        return []
+    head = ["", "### Deviations from the pre-registration", ""]
+    if not deviations:
+        return head + [f"None recorded: no one looked at the results before the panel closed ({DEVIATIONS_FILE})."]
+    return head + [f"The results were looked at before the panel closed, {len(deviations)} time(s), against the plan "
+                   f"({DEVIATIONS_FILE}):", ""] + [f"- {md(deviation_sentence(x))}" for x in deviations]
 
 
 def _published_memos(settings, ctx) -> tuple[int, dict[str, bytes]]:
@@ -308,9 +327,9 @@ def export_study(settings, study_id: str, out: Path, choices: PublicationChoices
     replaced whole), published as ``choices`` say (default: times to the minute, every judge,
     groups as declared). Raises :class:`ExportRefused`, writing nothing, when a judge would be
     unique on a published quasi-identifier set. Returns ``out``."""
-    from tasks.beauty.prereg import plan_time, public_preregistration, status_of
+    from tasks.beauty.prereg import DEVIATIONS_FILE, deviations_document, plan_time, public_preregistration, status_of
     from tasks.beauty.publish import SIMULATED_BANNER
-    from tasks.beauty.sources import load_study_context
+    from tasks.beauty.sources import load_study_context, panel_deviations
     from tasks.beauty.study import PREREG_FILE
     from tasks.beauty.tables import read_study_partition
     from tasks.lake.tables import Lake
@@ -382,12 +401,15 @@ def export_study(settings, study_id: str, out: Path, choices: PublicationChoices
             prereg_sha = hashlib.sha256(data).hexdigest()
             if redacted:
                 notes.append(redacted)
+        deviations = panel_deviations(ctx)  # looks at the results before the close (issue 27 item 5)
+        if deviations is not None:
+            (tmp / DEVIATIONS_FILE).write_bytes(deviations_document(deviations, prereg_sha))
         (tmp / "prompts.jsonl").write_text(
             "".join(json.dumps({"prompt_id": p, "prompt": ctx.prompts[p]}) + "\n" for p in ctx.prompt_ids))
         (tmp / "LICENSE.txt").write_text(CC_BY)
         (tmp / BUNDLE_MARKER).write_text(
             _datasheet(ctx, prereg_sha, counts, public_definition["groups"], public, tables["study_index"], notes, pub,
-                       status), encoding="utf-8")
+                       status, deviations), encoding="utf-8")
         files = sorted(p for p in tmp.rglob("*") if p.is_file())
         (tmp / "SHA256SUMS").write_text("".join(
             f"{hashlib.sha256(p.read_bytes()).hexdigest()}  {p.relative_to(tmp).as_posix()}\n" for p in files))

@@ -109,6 +109,18 @@ def panel_memos(ctx: StudyContext) -> list[dict]:
         store.dispose()
 
 
+def panel_deviations(ctx: StudyContext) -> list[dict] | None:
+    """The deviations from the pre-registration recorded in the panel store (a look at the
+    results before the close, issue 27 item 5), oldest first; None without a store."""
+    store = _open_store(ctx)
+    if store is None:
+        return None
+    try:
+        return store.deviations()
+    finally:
+        store.dispose()
+
+
 def collect_answers(settings, ctx: StudyContext) -> pa.Table:
     """The answers to analyse: the panel store's when it holds any, else what was imported (or
     simulated) into the lake. Refuses a study without answers."""
