@@ -38,19 +38,78 @@ def study_init(
                   f"`imagebench study open {study_id}`", highlight=False, soft_wrap=True)
 
 
+# Sending the links (issue 27 item 6): a private links file a mail merge reads, and SMTP. The SMTP
+# login comes from IMAGEBENCH_SMTP_USER / IMAGEBENCH_SMTP_PASSWORD, never the command line.
+LinksFileOpt = Annotated[Optional[Path], typer.Option(
+    "--links-file", help="where the judges' links go: CSV judge,group,link, mode 0600, for a mail merge "
+                         "(default: $IMAGEBENCH_HOME/studies/STUDY/links.csv)")]
+SendMailOpt = Annotated[bool, typer.Option("--send-mail", help="also mail each judge their link (needs --addresses, "
+                                           "--smtp-host, --from; login from IMAGEBENCH_SMTP_USER/_PASSWORD)")]
+AddressesOpt = Annotated[Optional[Path], typer.Option(
+    "--addresses", help="the lab's CSV judge,email (labels of study.yaml); read, never stored")]
+SmtpHostOpt = Annotated[Optional[str], typer.Option("--smtp-host", help="the SMTP server")]
+SmtpPortOpt = Annotated[Optional[int], typer.Option("--smtp-port", help="default: 587 (starttls), 465 (ssl), 25 (none)")]
+SmtpSecurityOpt = Annotated[str, typer.Option("--smtp-security", help="starttls (default), ssl or none")]
+FromOpt = Annotated[Optional[str], typer.Option("--from", help="the sender's address")]
+TemplateOpt = Annotated[Optional[Path], typer.Option(
+    "--template", help="the mail: a 'Subject:' line, a blank line, the body; $judge $group $link $study $title")]
+
+
+def _mail_plan(send_mail: bool, labels, addresses, smtp_host, smtp_port, smtp_security, sender, template):
+    """(mail settings, addresses) for --send-mail, checked before anything is opened; else None."""
+    if not send_mail:
+        if any(v is not None for v in (addresses, smtp_host, smtp_port, sender, template)):
+            raise CliError("--addresses, --smtp-*, --from and --template go with --send-mail")
+        return None
+    from tasks.beauty.links import prepare_mail
+
+    return prepare_mail(labels, addresses=addresses, host=smtp_host, sender=sender, security=smtp_security,
+                        port=smtp_port, template=template)
+
+
+def _mail_links(plan, links, study_id: str, title: str, links_file: Path) -> None:
+    """Send each of ``links`` (``plan`` from :func:`_mail_plan`); name every judge not reached."""
+    from tasks.beauty.links import send_links
+
+    mail, addresses = plan
+    report = send_links(mail, links, addresses, study_id, title)
+    if report.sent:
+        err.print(f"[green]mailed {len(report.sent)} of {len(links)} judge link(s)[/] through {mail.host}:{mail.smtp_port}",
+                  highlight=False)
+    if report.failed:
+        detail = "; ".join(f"{label}: {why}" for label, why in report.failed.items())
+        raise CliError(f"{len(report.failed)} link(s) not mailed ({detail}); they are in {links_file}: send them with a "
+                       f"mail merge, or imagebench study send-links {study_id} --judge LABEL ... --send-mail ...")
+
+
 @study_app.command("open")
 def study_open(
     study_id: Annotated[str, typer.Argument(metavar="STUDY")],
     url: Annotated[Optional[str], typer.Option(help=f"the panel's public base URL, for the printed links (default: the panel_url setting, else {DEFAULT_URL})")] = None,
+    links_file: LinksFileOpt = None,
+    send_mail: SendMailOpt = False,
+    addresses: AddressesOpt = None,
+    smtp_host: SmtpHostOpt = None,
+    smtp_port: SmtpPortOpt = None,
+    smtp_security: SmtpSecurityOpt = "starttls",
+    sender: FromOpt = None,
+    template: TemplateOpt = None,
 ) -> None:
     """Ingest and blind every tool's images, write the pre-registration once, draw each judge's
-    order and print the judges' and the admin's links (shown once: only their hashes are kept)."""
+    order, write the judges' links to a private file a mail merge reads (and mail them with
+    --send-mail) and print them with the admin's link (shown once: only their hashes are kept)."""
     with user_errors():
-        from tasks.beauty.study import open_study
+        from tasks.beauty.links import check_links_target, default_links_path, judge_links, write_links
+        from tasks.beauty.study import load_study, open_study
 
         from tasks.beauty.study import remember_panel_url
 
         settings = cli_settings()
+        definition, _, _ = load_study(settings, study_id)
+        target = links_file or default_links_path(settings, study_id)
+        check_links_target(target)  # before any link exists: a link that cannot be written is lost
+        plan = _mail_plan(send_mail, [j.label for j in definition.judges], addresses, smtp_host, smtp_port,
+                          smtp_security, sender, template)
         opened = open_study(settings, study_id)
         base = (url or settings.panel_url or DEFAULT_URL).rstrip("/")
         remember_panel_url(settings, study_id, base)  # `panel serve` and `relink` use it (https: Secure cookies)
@@ -64,6 +123,12 @@ def study_open(
         for label, token in opened.judge_tokens.items():
             typer.echo(f"judge {label}: {base}/j/{token}")
         typer.echo(f"admin: {base}/admin/{opened.admin_token}")
+        links = judge_links(definition, opened.judge_tokens, base)
+        write_links(target, links)
+        err.print(f"[green]judge links written to {target}[/] (judge,group,link; mode 0600; no admin link): "
+                  "a mail merge reads it", highlight=False, soft_wrap=True)
+        if plan is not None:
+            _mail_links(plan, links, study_id, definition.title, target)
 
 
 @study_app.command("status")
@@ -135,16 +200,67 @@ def study_relink(
     study_id: Annotated[str, typer.Argument(metavar="STUDY")],
     judge: Annotated[str, typer.Option("--judge", help="the judge's label (study.yaml) whose link was lost")],
     url: Annotated[Optional[str], typer.Option(help="the panel's public base URL (default: the panel_url setting, else the URL given at open)")] = None,
+    links_file: LinksFileOpt = None,
+    send_mail: SendMailOpt = False,
+    addresses: AddressesOpt = None,
+    smtp_host: SmtpHostOpt = None,
+    smtp_port: SmtpPortOpt = None,
+    smtp_security: SmtpSecurityOpt = "starttls",
+    sender: FromOpt = None,
+    template: TemplateOpt = None,
 ) -> None:
-    """Issue a new link for one judge (shown once); the old link and the judge's sessions stop working."""
+    """Issue a new link for one judge (shown once); the old link and the judge's sessions stop
+    working. The judge's row of the links file is replaced (--send-mail mails it to them)."""
     with user_errors():
-        from tasks.beauty.study import panel_url_of, relink_judge
+        from tasks.beauty.links import check_links_target, default_links_path, judge_links, replace_link
+        from tasks.beauty.study import load_study, panel_url_of, relink_judge
 
         settings = cli_settings()
+        definition, _, _ = load_study(settings, study_id)
+        target = links_file or default_links_path(settings, study_id)
+        check_links_target(target)
+        plan = _mail_plan(send_mail, [judge], addresses, smtp_host, smtp_port, smtp_security, sender, template)
         token = relink_judge(settings, study_id, judge)
         base = (url or panel_url_of(settings, study_id) or DEFAULT_URL).rstrip("/")
         err.print(f"[green]new link for judge {judge}[/] (shown ONCE; the old link no longer works):", highlight=False)
         typer.echo(f"judge {judge}: {base}/j/{token}")
+        links = judge_links(definition, {judge: token}, base)
+        replace_link(target, links[0])
+        err.print(f"[green]{target}[/]: judge {judge}'s row replaced (mode 0600)", highlight=False, soft_wrap=True)
+        if plan is not None:
+            _mail_links(plan, links, study_id, definition.title, target)
+
+
+@study_app.command("send-links")
+def study_send_links(
+    study_id: Annotated[str, typer.Argument(metavar="STUDY")],
+    judge: Annotated[Optional[list[str]], typer.Option("--judge", help="only this judge (repeatable; default: every row)")] = None,
+    links_file: LinksFileOpt = None,
+    addresses: AddressesOpt = None,
+    smtp_host: SmtpHostOpt = None,
+    smtp_port: SmtpPortOpt = None,
+    smtp_security: SmtpSecurityOpt = "starttls",
+    sender: FromOpt = None,
+    template: TemplateOpt = None,
+) -> None:
+    """Mail the judges their links from the links file written by open and relink (e.g. those a
+    first --send-mail could not reach)."""
+    with user_errors():
+        from tasks.beauty.links import default_links_path, read_links
+        from tasks.beauty.study import load_study
+
+        settings = cli_settings()
+        definition, _, _ = load_study(settings, study_id)
+        source = links_file or default_links_path(settings, study_id)
+        if not source.is_file():
+            raise CliError(f"{source}: no links file (study open and relink write it)")
+        rows = read_links(source)
+        unknown = sorted(set(judge or ()) - {x.judge for x in rows})
+        if unknown:
+            raise CliError(f"{source} has no row for judge(s) {', '.join(unknown)}")
+        rows = [x for x in rows if not judge or x.judge in judge]
+        plan = _mail_plan(True, [x.judge for x in rows], addresses, smtp_host, smtp_port, smtp_security, sender, template)
+        _mail_links(plan, rows, study_id, definition.title, source)
 
 
 # ---- publishing a study: analyze, leaderboard, import-answers, export, import-bundle ----------------
