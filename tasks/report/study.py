@@ -139,6 +139,17 @@ def build_study_pages(settings, out_dir: Path) -> list[StudyLink]:
                 prereg_text = f"NOT pre-registered: written {ctx.prereg.created_at}, after {status.early_answers} of the answers"
             else:
                 prereg_text = f"pinned at open, {ctx.prereg.created_at} (definition sha256 {ctx.prereg.definition_sha256[:12]}...)"
+            shape = ctx.prereg.blinding if ctx.prereg is not None else None
+            if shape is not None:  # the shape decision and the blinding report's figure (issue 27 item 7)
+                prereg_text += (f"; images {shape.shape} to {shape.aspect}: the picture's shape alone tells apart "
+                                f"{shape.tools_told_apart_by_shape} of {shape.tools} tools")
+            from tasks.beauty.sources import panel_deviations
+
+            looks = panel_deviations(ctx) or []
+            if looks:  # a look at the results before the close (issue 27 item 5)
+                notes.append(f"deviation from the pre-registration: the results were looked at {len(looks)} time(s) "
+                             f"before the panel closed (first {looks[0]['at']:%Y-%m-%d %H:%M} UTC, after "
+                             f"{looks[0]['answers']} answers; reasons in the bundle's deviations.json)")
             from tasks.beauty.bundles import imported_from
 
             origin = imported_from(ctx.study_dir)

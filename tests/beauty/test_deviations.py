@@ -48,6 +48,14 @@ def test_a_peek_reaches_the_bundle_as_a_deviation(tmp_path, monkeypatch):
     assert "results viewed before the close (command line, 120 answers recorded then)" in section
     assert "reason: Board asked mid-study whether any tool was failing: we looked at the % yes" in section
 
+    # The study's report page carries it as a banner, with the shape decision on the plan's line.
+    from tasks.report.study import build_study_pages
+
+    build_study_pages(settings, tmp_path / "site")
+    page = (tmp_path / "site" / "studies" / "peeked.html").read_text()
+    assert "deviation from the pre-registration: the results were looked at 1 time(s) before the panel closed" in page
+    assert "images letterbox to 1:1: the picture&#39;s shape alone tells apart 0 of 3 tools" in page
+
 
 def test_a_bundle_without_a_peek_says_none_was_recorded(tmp_path, monkeypatch):
     settings = workspace(tmp_path / "home", monkeypatch)
@@ -55,3 +63,7 @@ def test_a_bundle_without_a_peek_says_none_was_recorded(tmp_path, monkeypatch):
     out, sums = _bundle(tmp_path, settings, "blind")
     assert json.loads((out / "deviations.json").read_text())["deviations"] == [] and "deviations.json" in sums
     assert "None recorded: no one looked at the results before the panel closed" in (out / "datasheet.md").read_text()
+    from tasks.report.study import build_study_pages
+
+    build_study_pages(settings, tmp_path / "site")
+    assert "deviation from the pre-registration" not in (tmp_path / "site" / "studies" / "blind.html").read_text()
