@@ -265,9 +265,13 @@ def test_an_imported_study_flags_what_the_home_study_flagged(prefect_harness, tm
     assert {r["qc_flag"] for r in rows} == {None, "image not loaded"}
     assert (tmp_path / "bundle" / "answers.csv").read_text().splitlines()[0].split(",")[-2:] == ["qc_flag", "source"]
     sheet = (tmp_path / "bundle" / "datasheet.md").read_text()
-    assert ("| image not loaded | the image was not on the judge's screen before the answer: the panel server never "
-            f"sent its bytes, or the judge's browser had not finished loading them | {flagged} |") in sheet
-    assert "| faster than 0.5 s | answered less than 0.5 s (study.json quality.min\\_seconds\\_on\\_screen)" in sheet
+    from tasks.beauty.export import md
+    from tasks.beauty.quality import NOT_LOADED, flag_meanings, too_fast
+
+    meanings = flag_meanings(0.5)  # the legend: each flag, what it means, how many answers carry it
+    assert f"| {NOT_LOADED} | {md(meanings[NOT_LOADED])} | {flagged} |" in sheet
+    assert f"| {too_fast(0.5)} | {md(meanings[too_fast(0.5)])} | 0 |" in sheet
+    assert "(study.json quality.min\\_seconds\\_on\\_screen)" in sheet  # escaped once: shown as written
 
     other = workspace(tmp_path / "other", monkeypatch, tools=())
     r = cli("study", "import-bundle", str(tmp_path / "bundle"))
