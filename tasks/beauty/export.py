@@ -143,14 +143,14 @@ class Published:
 
 _TIMES_TEXT = {"minute": "floored to the minute", "hour": "floored to the hour", "day": "floored to the day (UTC)",
                "none": "withheld: every time at or after the pre-registration is its `created_at`, every time "
-                       "before it 1970-01-01T00:00:00Z"}
+                       "before it (every time, without a pre-registration) 1970-01-01T00:00:00Z"}
 
 
 def _pct(x: float | None) -> str:
     return "–" if x is None else f"{100 * x:.1f}%"
 
 
-def _privacy_lines(pub: Published, memo_study: bool) -> list[str]:
+def _privacy_lines(pub: Published, memo_study: bool, imported: bool = False) -> list[str]:
     ch, rep = pub.choices, pub.report
     lines = ["", "## Privacy: what is published and what is not", "",
              f"Export options: `{ch.flags()}` (also in `{ANONYMITY_FILE}`).", "",
@@ -170,7 +170,10 @@ def _privacy_lines(pub: Published, memo_study: bool) -> list[str]:
                      "their judges' counts added; beauty_index.csv has no per-group rows for them (with the answers "
                      "they would tell which judges form each group), and a hypothesis about one of them cannot be "
                      "re-tested from this bundle.")
-    if not memo_study:
+    if imported:
+        lines.append("- **Voice memos**: none here: this study was imported from another lab's bundle, whose "
+                     "published recordings (if any) stay in that bundle.")
+    elif not memo_study:
         lines.append("- **Voice memos**: this study took none.")
     else:
         lines.append(
@@ -268,7 +271,9 @@ def _datasheet(ctx, prereg_sha: str | None, counts: Counter, groups: list[dict],
               "- `study.json`, `preregistration.json`, `prompts.jsonl`, `LICENSE.txt`, `SHA256SUMS` "
               "(`sha256sum -c SHA256SUMS` checks the bundle)."]
     lines += _quality_lines(pub)
-    lines += _privacy_lines(pub, d.memo or pub.memos_kept > 0)
+    from tasks.beauty.bundles import imported_from
+
+    lines += _privacy_lines(pub, d.memo or pub.memos_kept > 0, imported_from(ctx.study_dir) is not None)
     lines += ["", "## Beauty Index", "", "| rank | tool | Beauty Index [95% CI] | answers |", "|---|---|---|---|"]
     from tasks.beauty.publish import index_text, leaderboard_rows
 

@@ -280,6 +280,13 @@ def test_an_imported_study_flags_what_the_home_study_flagged(prefect_harness, tm
     assert r.exit_code == 0, r.output
     here = read_study_partition(Lake(other.lake_dir), "study_index", "qc").to_pylist()
     assert here == home
+    # Exported again by the importing lab: the same flags, and no memo of its own to speak of.
+    r = cli("study", "export", "--study", "qc", "--out", str(tmp_path / "again"), "--times", "day")
+    assert r.exit_code == 0, r.output
+    again = pq.read_table(tmp_path / "again" / "answers.parquet").to_pylist()
+    assert [(a["judge_id"], a["tool"], a["prompt_id"], a["qc_flag"]) for a in again] == \
+        [(a["judge_id"], a["tool"], a["prompt_id"], a["qc_flag"]) for a in rows]
+    assert "imported from another lab's bundle" in (tmp_path / "again" / "datasheet.md").read_text()
 
 
 def test_a_figure_too_costly_to_compute_exactly_is_sampled_and_says_so(monkeypatch):
