@@ -126,8 +126,8 @@ SELECT model_id, prompt_id, category, subcategory, tag, difficulty, eps_eligible
          WHEN verdict IN ('PASS', 'FAIL') THEN 'judge'
          WHEN verdict IS NOT NULL THEN coalesce(verdict_reason, lower(verdict))
          ELSE 'no verdict yet' END AS why,
-    (state <> 'ok' OR verdict IN ('PASS', 'FAIL')) AS decided,
-    (state = 'ok' AND verdict IN ('PASS', 'FAIL')) AS judged
+    (state <> 'ok' OR coalesce(verdict IN ('PASS', 'FAIL'), false)) AS decided,
+    (state = 'ok' AND coalesce(verdict IN ('PASS', 'FAIL'), false)) AS judged
 FROM stated
 ORDER BY model_id, prompt_id
 """
