@@ -227,6 +227,7 @@ def shared(built_reference_template, tiny_model, tmp_path_factory):
         env.pop(k, None)
     catalog = root / "home" / "catalog.duckdb"
     catalog.unlink(missing_ok=True)  # rebuilt by the first command, with this workspace's lake
+    os.chmod(root / "home", 0o700)  # private, as imagebench makes it: no command says it tightened it
     prompts = eligible_ids()[:12]
     for model in ("cold", "first", "warm-1", "warm-2", "after"):
         put_model(root / "home" / "objects", model, prompts, seed=5)  # the same bytes: the same mu
