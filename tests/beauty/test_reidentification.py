@@ -14,7 +14,6 @@ import json
 from collections import Counter, defaultdict
 from datetime import UTC, datetime, timedelta
 from itertools import combinations
-from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
