@@ -286,6 +286,14 @@ def test_an_imported_study_flags_what_the_home_study_flagged(prefect_harness, tm
     assert [(a["judge_id"], a["tool"], a["prompt_id"], a["qc_flag"]) for a in again] == \
         [(a["judge_id"], a["tool"], a["prompt_id"], a["qc_flag"]) for a in rows]
     assert "imported from another lab's bundle" in (tmp_path / "again" / "datasheet.md").read_text()
+    # A bundle with merged groups imports too: the merged group is a group of the study there.
+    r = cli("study", "export", "--study", "qc", "--out", str(tmp_path / "merged"), "--times", "day",
+            "--merge-groups", "photographers+aphantasia")
+    assert r.exit_code == 0, r.output
+    r = cli("study", "import-bundle", str(tmp_path / "merged"), "--as", "qc-merged")
+    assert r.exit_code == 0 and "4 judges" in r.output, r.output
+    merged = read_study_partition(Lake(other.lake_dir), "study_answers", "qc-merged")
+    assert set(merged.column("panel_group").to_pylist()) == {"photographers-or-aphantasia"}
 
 
 def test_a_figure_too_costly_to_compute_exactly_is_sampled_and_says_so(monkeypatch):
