@@ -99,7 +99,7 @@ def smtp(tmp_path, monkeypatch):
     monkeypatch.setenv("IMAGEBENCH_SMTP_USER", USER)
     monkeypatch.setenv("IMAGEBENCH_SMTP_PASSWORD", PASSWORD)
     try:
-        yield box, port
+        yield box, port, cert
     finally:
         controller.stop()
 
@@ -119,7 +119,7 @@ def _links_of(stdout: str) -> dict[str, str]:
 
 def test_open_writes_a_private_links_file_and_mails_each_judge_their_own_link(tmp_path, monkeypatch, smtp, other_user,
                                                                                reachable_tmp):
-    box, port = smtp
+    box, port, _ = smtp
     for key, value in {"IMAGEBENCH_HOME": str(tmp_path / "home"), "IMAGEBENCH_REFERENCE_DIR": str(REPO / "reference"),
                        "IMAGEBENCH_STORE": str(tmp_path / "home" / "objects")}.items():
         monkeypatch.setenv(key, value)
@@ -192,6 +192,14 @@ def test_open_writes_a_private_links_file_and_mails_each_judge_their_own_link(tm
     with open(links_file, newline="", encoding="utf-8") as fh:
         rows = {x["judge"]: x["link"] for x in csv.DictReader(fh)}
     assert rows == {**printed, "aph-01": new} and links_file.stat().st_mode & 0o777 == 0o600
+
+    # A server whose certificate this machine does not trust gets nothing, the password least of all.
+    monkeypatch.delenv("SSL_CERT_FILE")
+    logins = len(box.logins)
+    r = _cli("study", "send-links", "mailed", "--judge", "ph-01", "--links-file", str(links_file), *mail[1:])
+    assert r.exit_code == 1 and "certificate verify failed" in r.output.replace("\n", " "), r.output
+    assert len(box.mails) == 5 and len(box.logins) == logins
+    monkeypatch.setenv("SSL_CERT_FILE", str(smtp[2]))
 
     # A login the server refuses: the judges not reached are named, nothing else is lost.
     monkeypatch.setenv("IMAGEBENCH_SMTP_PASSWORD", "wrong")
