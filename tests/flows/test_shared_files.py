@@ -311,6 +311,34 @@ def test_the_share_group_reads_the_lake_and_catalog_and_nothing_else(lab, other_
     assert stat.S_IMODE(os.stat(lab.home).st_mode) == 0o700
 
 
+def test_a_warm_command_makes_private_files_too(lab):
+    """A warm command is a fork of the warm server: it has the server's umask, not its client's."""
+    import tempfile
+
+    # A warm server of this test's own (no other test's server is stopped for it); a short path:
+    # a socket's path has at most 107 bytes (flows/warm.py runtime_dir).
+    runtime = Path(tempfile.mkdtemp(prefix="ibw", dir="/tmp"))
+    env = {"IMAGEBENCH_WARM": "auto", "IMAGEBENCH_WARM_IDLE_S": "300", "TMPDIR": str(runtime)}
+    put_model(lab.store, "warm1", PROMPT_IDS[:4], seed=53)
+    put_model(lab.store, "warm2", PROMPT_IDS[4:8], seed=59)
+    try:
+        first = lab.run("ingest", "--model", "warm1", **env)  # cold; starts the server as it ends
+        assert first.returncode == 0, first.stderr[-3000:]
+        deadline = time.monotonic() + COMMAND_TIMEOUT_S
+        while not list(runtime.glob(f"imagebench-{os.getuid()}/warm-*.sock")):
+            assert time.monotonic() < deadline, "no warm server ready"
+            time.sleep(0.5)
+        second = lab.run("ingest", "--model", "warm2", **env)
+        assert second.returncode == 0 and "running cold" not in second.stderr, second.stderr[-3000:]
+    finally:
+        lab.run("warm", "stop", "--all", **env)
+        shutil.rmtree(runtime, ignore_errors=True)
+    made = [p for p in _walk(lab.home) if "warm2" in p.as_posix()]
+    assert made, "the warm command wrote nothing of warm2"
+    wide = {p: m for p, m in _modes(made, lab.home).items() if m not in ("0700", "0600")}
+    assert not wide, wide
+
+
 # ---- item 3: locks -------------------------------------------------------------------------------
 
 
