@@ -4,8 +4,10 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
-# Quiet Prefect's telemetry on the ephemeral API (it prints a "database is locked" traceback otherwise).
+# Quiet Prefect's telemetry on the ephemeral API (it prints a "database is locked" traceback otherwise),
+# and its client's (DO_NOT_TRACK: its "collects anonymous usage data" notice); flows/env.py sets both too.
 export PREFECT_SERVER_ANALYTICS_ENABLED := false
+export DO_NOT_TRACK := 1
 export GX_ANALYTICS_ENABLED := false
 
 .PHONY: setup system-deps demo test test-numeric-avx2 serve bench clean-demo

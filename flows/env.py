@@ -13,8 +13,12 @@ class WorkspaceError(OSError):
 
 
 # Defaults only (a value the user exported wins). PREFECT_SERVER_ANALYTICS_ENABLED: without it
-# the ephemeral server prints a "database is locked" telemetry traceback.
-DEFAULTS = {"PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PREFECT_LOGGING_LEVEL": "WARNING",
+# the ephemeral server prints a "database is locked" telemetry traceback. DO_NOT_TRACK: Prefect's
+# client telemetry, opted out by that variable alone; without it, the first command of a workspace
+# on a terminal printed "Prefect collects anonymous usage data" (issue 26 item 6). Every Prefect
+# process imagebench starts (ephemeral, warm and local servers, flow runs, `prefect deploy`)
+# inherits these.
+DEFAULTS = {"PREFECT_SERVER_ANALYTICS_ENABLED": "false", "DO_NOT_TRACK": "1", "PREFECT_LOGGING_LEVEL": "WARNING",
             "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "90", "GX_ANALYTICS_ENABLED": "false",
             "TOKENIZERS_PARALLELISM": "false"}
 

@@ -229,6 +229,7 @@ class LocalServer:
         env = dict(os.environ)
         env["PREFECT_HOME"] = str(self.home)
         env["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
+        env.setdefault("DO_NOT_TRACK", "1")  # Prefect's client telemetry too (flows/env.py)
         # The server does not talk to an API; a client-side URL here would only confuse it.
         env.pop("PREFECT_API_URL", None)
         env.setdefault("PREFECT_SERVER_LOGGING_LEVEL", "WARNING")
