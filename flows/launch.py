@@ -191,7 +191,10 @@ def _server_gone(child: int, channel: socket.socket | None, key: str = "") -> in
                 os.kill(child, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-    why = f"; why it stopped: {warm.log_path(key)}" if key else ""
+    try:
+        why = f"; why it stopped: {warm.log_path(key)}" if key else ""
+    except warm.WarmUnavailable:
+        why = ""
     print(f"imagebench: error: the warm server stopped while running this command (process {child}, now "
           f"stopped); its run's record: `imagebench runs`, and $IMAGEBENCH_HOME/logs/imagebench.log{why}",
           file=sys.stderr)
