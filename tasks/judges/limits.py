@@ -340,6 +340,7 @@ class EndpointLimiter:
             self._state = _MemoryState()  # prefect: this process's pause and buckets, before Prefect's limits
         self._prefect_ready = False
         self._prefect_slots: Any = None  # prefect_limits.PrefectSlots
+        self._prefect_rates_taker: Any = None  # prefect_limits.RateTaker
         self._asking = _MemoryState()  # prefect: when this process may next ask the server's rate limit
 
     # names of Prefect's global limits ----------------------------------------------------------
@@ -348,7 +349,7 @@ class EndpointLimiter:
 
     def _prefect_setup(self) -> None:
         """Create (or bring to this config) the endpoint's global limits, once per process."""
-        from .prefect_limits import RATE_UNITS, RPM_SLOTS, PrefectSlots, ensure_limits
+        from .prefect_limits import RATE_UNITS, RPM_SLOTS, PrefectSlots, RateTaker, ensure_limits
 
         with self._lock:
             if self._prefect_ready:
@@ -360,6 +361,7 @@ class EndpointLimiter:
                 wanted.append((self.prefect_name("tpm"), self.limits.tokens_per_minute, self.limits.tokens_per_minute / 60.0))
             ensure_limits(wanted)
             self._prefect_slots = PrefectSlots(self.prefect_name("concurrency"))
+            self._prefect_rates_taker = RateTaker() if len(wanted) > 1 else None
             self._prefect_ready = True
 
     async def _ensure_prefect(self) -> None:
@@ -438,13 +440,19 @@ class EndpointLimiter:
             await asyncio.sleep(wait)
 
     async def _prefect_rates(self, tokens: int) -> None:
-        from .prefect_limits import take_rates
+        from .prefect_limits import RATE_UNITS
 
         await self._ensure_prefect()
-        rpm = self.prefect_name("rpm") if self.limits.requests_per_minute else None
-        tpm = self.prefect_name("tpm") if self.limits.tokens_per_minute else None
-        if rpm or tpm:
-            await take_rates(rpm, tpm, min(tokens, self.limits.tokens_per_minute or tokens))
+        taker = self._prefect_rates_taker
+        try:
+            if self.limits.requests_per_minute:
+                await taker.take(self.prefect_name("rpm"), RATE_UNITS, self.limits.requests_per_minute / 60.0 * RATE_UNITS)
+            if self.limits.tokens_per_minute:
+                tpm = self.limits.tokens_per_minute
+                await taker.take(self.prefect_name("tpm"), max(1, min(tokens, tpm)), tpm / 60.0)
+        except Exception as exc:  # noqa: BLE001 - the server refused or is gone: nothing sent
+            raise JudgeUnavailable(f"judge '{self.name}': no turn in its Prefect rate limits "
+                                   f"({type(exc).__name__}: {exc})") from None
 
     def settle(self, charged: int, prompt_tokens: int | None, completion_tokens: int | None) -> None:
         """The answer's usage: the prompt size feeds the next estimates; tokens used beyond the
