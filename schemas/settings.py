@@ -28,6 +28,10 @@ GROUP_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,31}\$?")  # useradd's rule,
 
 WORKSPACE_SETTINGS_FILE = "imagebench.yaml"  # in the workspace (<home>), below env and IMAGEBENCH_CONFIG
 DEFAULT_HOME = Path("data")
+# The frozen suite and references shipped beside the code (the checkout's reference/, which `make`
+# installs in place), found from this file, not the working directory: a command typed in any
+# folder reads the same benchmark definition. IMAGEBENCH_REFERENCE_DIR still overrides it.
+SHIPPED_REFERENCE_DIR = Path(__file__).resolve().parents[1] / "reference"
 
 
 class WorkspaceSettingsSource(PydanticBaseSettingsSource):
@@ -114,7 +118,7 @@ class Settings(RunnerSettings):
     """Every setting (the runner's included)."""
 
     home: Path = Field(default=DEFAULT_HOME, description="workspace: lake, catalog, image cache")
-    reference_dir: Path = Field(default=Path("reference"), description="frozen suite + references")
+    reference_dir: Path = Field(default=SHIPPED_REFERENCE_DIR, description="frozen suite + references")
     reference_version: str = DEFAULT_REFERENCE_VERSION
     suite_version: str = DEFAULT_SUITE_VERSION
     # Object store: file:///dir, a plain directory, or s3://bucket/prefix. Default: <home>/objects.

@@ -8,6 +8,7 @@ are tasks/panel/limits.py's, set up by ``make_server``.
 
 from __future__ import annotations
 
+import signal
 from typing import Annotated, Optional
 
 import typer
@@ -39,5 +40,45 @@ def panel_serve(
         panel_log.addHandler(handler)
         panel_log.setLevel(logging.INFO)
         app = create_app(cli_settings(), study_id, public_url=url)
+        server = make_server(app, host, port)
+        logging.getLogger("uvicorn.error").setLevel(logging.WARNING)  # the lines below say it; its warnings still show
         err.print(f"panel of study {study_id} on http://{host}:{port}/ (Ctrl-C stops it)", highlight=False)
-        make_server(app, host, port).run()
+        stopped_by = _serve_until_told(server)
+    if stopped_by is not None:
+        err.print(f"panel of study {study_id} stopped ({signal.Signals(stopped_by).name}); every answer it "
+                  "received is kept", highlight=False)
+        raise typer.Exit(128 + stopped_by)
+
+
+def _serve_until_told(server) -> int | None:
+    """Run the uvicorn ``server`` until SIGINT or SIGTERM has shut it down gracefully; the signal.
+
+    uvicorn, once shut down, raises the signal again for the default handler; the launcher's stop
+    watch (flows/stopping.py) would count that as a second Ctrl-C and print "SIGINT again:
+    stopping now". Here the signals go to uvicorn's own handler and are not raised again: the
+    first is a graceful stop (requests in flight get tasks/panel/limits.py's grace), a second
+    one ends the process at once (the stop watch)."""
+    import threading
+    from contextlib import contextmanager
+
+    got: list[int] = []
+
+    def on_signal(number: int, frame) -> None:
+        got.append(number)
+        server.handle_exit(number, frame)
+
+    @contextmanager
+    def capture_signals():
+        if threading.current_thread() is not threading.main_thread():  # signals reach the main thread only
+            yield
+            return
+        previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            yield
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+    server.capture_signals = capture_signals  # instead of uvicorn's, which raises the signal again
+    server.run()
+    return got[0] if got else None

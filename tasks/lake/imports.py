@@ -23,8 +23,11 @@ SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 RESERVED_SCORERS = ("hpsv3",)
 
 
-class ScoresFileError(ValueError):
-    """The scores file is unusable; the message names the file, the rows and the problem."""
+class ImportFileError(ValueError):
+    """A scores or verdicts file is unusable; the message names the file, the rows and the problem."""
+
+
+ScoresFileError = ImportFileError  # its older name (a verdicts file's errors are the same class)
 
 
 @dataclass
@@ -34,11 +37,12 @@ class ImportSummary:
     note: str = ""
 
 
-def _read_any(path: Path) -> pa.Table:
+def _read_any(path: Path, what: str) -> pa.Table:
+    """``what``: the kind of file the user gave (scores, verdicts), for the message."""
     import polars as pl
 
     if not path.is_file():
-        raise ScoresFileError(f"{path}: scores file not found")
+        raise ScoresFileError(f"{path}: {what} file not found")
     try:
         if path.suffix.lower() in (".parquet", ".pq"):
             df = pl.read_parquet(path)
@@ -53,10 +57,10 @@ def _read_any(path: Path) -> pa.Table:
     return df.to_arrow()
 
 
-def _read_columns(path: Path, required: tuple[str, ...], optional: tuple[str, ...]) -> tuple[int, dict[str, list]]:
+def _read_columns(path: Path, required: tuple[str, ...], optional: tuple[str, ...], what: str) -> tuple[int, dict[str, list]]:
     """(row count, column -> values) after checking the header: missing or unknown columns and an
     empty file are errors naming the file."""
-    table = _read_any(path)
+    table = _read_any(path, what)
     missing = [c for c in required if c not in table.column_names]
     if missing:
         raise ScoresFileError(f"{path}: missing required column(s) {missing}; have {table.column_names}")
@@ -94,14 +98,15 @@ def _float(value: object, path: Path, row: int, column: str, problems: list[str]
 
 
 def _parse_rows(path: Path, suite: Suite, required: tuple[str, ...], optional: tuple[str, ...],
-                row_values: Callable[[dict[str, list], int, int, list[str]], dict | None]) -> dict[str, list[dict]]:
+                row_values: Callable[[dict[str, list], int, int, list[str]], dict | None],
+                what: str = "scores") -> dict[str, list[dict]]:
     """Every row of an import file, by model: a valid model id, a prompt of the suite, its own
     values (``row_values(cols, index, row, problems)``: a dict, or None once it has added the
     row's problem), and no second row for the same model and prompt. All problems are collected;
     the file then fails once, with the full list."""
     from tasks.store.storage import InvalidModelId, validate_model_id
 
-    n_rows, cols = _read_columns(path, required, optional)
+    n_rows, cols = _read_columns(path, required, optional, what)
     problems: list[str] = []
     seen: dict[tuple[str, str], int] = {}
     by_model: dict[str, list[dict]] = {}
@@ -251,7 +256,7 @@ def parse_verdicts(path: Path, suite: Suite) -> dict[str, list[dict]]:
         rationale = cols["rationale"][i] if "rationale" in cols else None
         return {"verdict": verdict, "judge": judge, "rationale": rationale or None}
 
-    return _parse_rows(path, suite, VERDICT_REQUIRED, VERDICT_OPTIONAL, values)
+    return _parse_rows(path, suite, VERDICT_REQUIRED, VERDICT_OPTIONAL, values, what="verdicts")
 
 
 def import_verdicts_file(settings: Settings, suite: Suite, path: Path) -> ImportSummary:

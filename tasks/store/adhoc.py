@@ -14,7 +14,10 @@ def read_pairs(path: Path) -> tuple[list[Path], list[str]]:
     """``image,prompt`` CSV -> (image paths, prompts), in input order.
 
     Relative image paths are resolved against the CSV's own folder, so a pairs file and its
-    images can be moved together.
+    images can be moved together. Every image is checked as ingest checks a model's images
+    (``tasks.store.ingest.inspect_image``, the same function): one that ingest would quarantine
+    (a 1x1 pixel, a truncated file, an animation) refuses the whole file, each such image named by
+    line with ingest's reason, before any model is loaded; nothing is ever scored silently.
     """
     path = Path(path)
     if not path.is_file():
@@ -26,6 +29,7 @@ def read_pairs(path: Path) -> tuple[list[Path], list[str]]:
             raise InputFileError(f"{path}: missing column(s) {sorted(missing)}; expected header 'image,prompt'")
         images: list[Path] = []
         prompts: list[str] = []
+        lines: list[int] = []
         for lineno, row in enumerate(reader, start=2):
             image, prompt = (row.get("image") or "").strip(), row.get("prompt") or ""
             if not image:
@@ -39,9 +43,26 @@ def read_pairs(path: Path) -> tuple[list[Path], list[str]]:
                 raise InputFileError(f"{path}:{lineno}: image {image!r} not found (looked at {p})")
             images.append(p)
             prompts.append(prompt)
+            lines.append(lineno)
     if not images:
         raise InputFileError(f"{path}: no pairs")
+    _refuse_what_ingest_refuses(path, images, lines)
     return images, prompts
+
+
+def _refuse_what_ingest_refuses(path: Path, images: list[Path], lines: list[int]) -> None:
+    """One line naming every image of the pairs file that ingest would quarantine, and why."""
+    from tasks.store.ingest import Rejected, inspect_image
+
+    refused = []
+    for lineno, image in zip(lines, images):
+        try:
+            inspect_image(image.read_bytes(), image.name)
+        except Rejected as exc:
+            refused.append(f"{path}:{lineno}: {exc.reason}: {exc.detail}")
+    if refused:
+        what = "this image" if len(refused) == 1 else f"these {len(refused)} images"
+        raise InputFileError(f"nothing scored: ingest refuses {what}: " + "; ".join(refused))
 
 
 def read_baseline(path: Path) -> list[str]:

@@ -32,6 +32,7 @@ def own_judges(settings: Any) -> tuple[list[str], list[str]]:
     """(judges to audit, notes): ``hpsv3`` and every VLM judge of the routing that the endpoints
     config defines (openai or transformers); the routing's other judges are named in the notes."""
     from tasks.judges.config import load_judges_config, load_routing, routing_judges
+    from tasks.judges.registry import BUILTIN_JUDGES
 
     names, notes = ["hpsv3"], []
     endpoints = dict(load_judges_config(settings.judges_config).judges) if settings.judges_config else {}
@@ -43,6 +44,9 @@ def own_judges(settings: Any) -> tuple[list[str], list[str]]:
         ep = endpoints.get(name)
         if ep is not None and ep.backend in ("openai", "transformers"):
             names.append(name)
+        elif ep is None and name in BUILTIN_JUDGES:  # built in (Tesseract): reads one image's text
+            notes.append(f"Capability judge {name!r} not audited: the built-in OCR judge reads the text in one image; "
+                         "it cannot rank image sets")
         else:
             notes.append(f"Capability judge {name!r} not audited: " + ("not in the endpoints config" if ep is None else f"backend {ep.backend!r} cannot rank image sets"))
     return names, notes
