@@ -33,15 +33,52 @@ app = typer.Typer(
     name="imagebench",
     help="Reproducible scoring of text-to-image models: HPSv3 EPS against a frozen reference.",
     no_args_is_help=True,
-    add_completion=False,
+    # Typer's --install-completion / --show-completion: the shell asks `imagebench` itself on <TAB>
+    # (flows/launch.py runs that in this process: the app's import is the light one of `sql`).
+    add_completion=True,
     pretty_exceptions_enable=False,
 )
+
+
+def version_text() -> str:
+    """`imagebench --version`: the installed package's version and, when the code runs from a git
+    checkout (`make` installs it in place), its commit, said when files differ from it."""
+    import subprocess
+    from importlib.metadata import PackageNotFoundError, version
+    from pathlib import Path
+
+    try:
+        text = f"imagebench {version('imagebench')}"
+    except PackageNotFoundError:
+        text = "imagebench (package not installed)"
+    root = Path(__file__).resolve().parents[2]
+    if not (root / ".git").exists():  # an installed copy: no commit to name (never a parent folder's repository)
+        return text
+    try:
+        def git(*args: str) -> str:
+            return subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, timeout=10,
+                                  check=True).stdout.strip()
+
+        commit = git("rev-parse", "--short=12", "HEAD")
+        changed = git("status", "--porcelain", "--untracked-files=no")
+    except (OSError, subprocess.SubprocessError):  # no git, or not readable by this user
+        return text
+    return f"{text} (commit {commit}{', with uncommitted changes' if changed else ''})"
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(version_text())
+        raise typer.Exit(0)
 
 
 @app.callback()
 def _global_options(
     debug: Annotated[
         bool, typer.Option("--debug", help="show tracebacks and Prefect's error logs in the terminal (else in $IMAGEBENCH_HOME/logs/imagebench.log)")
+    ] = False,
+    version: Annotated[
+        bool, typer.Option("--version", is_eager=True, callback=_print_version, help="print the version (and the git commit) and exit")
     ] = False,
 ) -> None:
     if debug:
