@@ -110,6 +110,8 @@ def run_demo(console: Console, progress: Callable[[], ContextManager], nightly_l
             reference_build_flow(settings.reference_version, [m.model_id for m in BASELINE_FIELD])
         summary = nightly_flow()
     console.print(nightly_line(summary), highlight=False)
+    for model_id, detail in summary["invalid"].items():  # a folder that is no model: one line, the demo goes on
+        console.print(f"skipped {model_id!r}: {detail}", highlight=False, markup=False)
     from tasks.report import build_report
     from tasks.lake.report_data import report_data_from_lake
 

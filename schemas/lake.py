@@ -199,7 +199,7 @@ MODEL_DISPOSITIONS = (
     "replaced",     # an image changed or disappeared: re-scored whole, old results replaced
     "unchanged",    # objects re-listed differently but same content hashes: nothing to score
     "up_to_date",   # listing unchanged since its complete result: not even downloaded
-    "invalid",      # object-store folder name is not a valid model id: skipped, reported
+    "invalid",      # object-store folder that is no model of the suite (bad name, empty, no object of its prompts): skipped, reported
     "busy",         # another run holds the model's lock: skipped (nightly) or refused
     "errored",      # the model's work failed (message in `errors`); other models unaffected
 )

@@ -475,11 +475,11 @@ def precheck(settings: Settings, model: str | None = None, objects: bool = False
     verify_reference_file(settings.reference_dir, settings.reference_version)
     if model is not None and objects:
         from tasks.lake.tables import Lake
-        from tasks.runs.models import require_objects
+        from tasks.runs.models import check_model_folder
         from tasks.runs.units_ingest import open_configured_store
 
         store = open_configured_store(settings)
-        require_objects(store, Lake(settings.lake_dir), model, len(store.list_model_objects(model)))
+        check_model_folder(store, Lake(settings.lake_dir), model, settings.suite_version, settings.reference_dir)
 
 
 # What the scoring flows (score, nightly, backfill, reference build) import on their way: Great

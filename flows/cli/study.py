@@ -25,7 +25,7 @@ DEFAULT_URL = "http://127.0.0.1:8765"
 @study_app.command("init")
 def study_init(
     study_id: Annotated[str, typer.Argument(metavar="STUDY")],
-    tools: Annotated[Optional[str], typer.Option(help="comma-separated model ids (default: every model of the store)")] = None,
+    tools: Annotated[Optional[str], typer.Option(help="comma-separated tool ids (default: every tool in the store's beauty/beauty-index-v1/<tool>/)")] = None,
     host_tool: Annotated[Optional[str], typer.Option(help="the host lab's own tool (hypothesis H5)")] = None,
 ) -> None:
     """Write $IMAGEBENCH_HOME/studies/STUDY/study.yaml (the published panel shape) to edit before `open`."""
@@ -113,7 +113,7 @@ def study_open(
         opened = open_study(settings, study_id)
         base = (url or settings.panel_url or DEFAULT_URL).rstrip("/")
         remember_panel_url(settings, study_id, base)  # `panel serve` and `relink` use it (https: Secure cookies)
-        for line in opened.blinding_report:
+        for line in opened.image_places + opened.blinding_report:
             err.print(line, highlight=False, soft_wrap=True, markup=False)
         err.print(f"[green]study {study_id} open[/]: {opened.n_images} blinded images, pre-registration "
                   f"{opened.study_dir / 'preregistration.json'} (judge orders drawn from a private secret, "

@@ -1,9 +1,11 @@
 """`make demo`'s Beauty Index study: four demo tools, the published panel shape, SIMULATED answers.
 
 The study's images (the demo photos, degraded as each demo model does, for the 10 prompts of
-``beauty-index-v1``) go to a store of their own, ``<home>/study-objects``: in the demo's main
-store they would sit beside the ``imagebench-v1`` images as objects of an unknown prompt and be
-quarantined by the nightly. The study is opened for real (ingest, blinding, pre-registration,
+``beauty-index-v1``) go to the demo's store at the Beauty Index's place,
+``beauty/beauty-index-v1/<tool>/`` (docs/STORAGE.md), beside the demo models' ``models/<model>/``:
+the two suites share no prompt, so a tool that is also a model has images of its own for each. A
+demo workspace of before issue 26 item 2 kept them in a store of their own, ``<home>/study-objects``,
+under ``models/``: its study, already opened, never reads them again. The study is opened for real (ingest, blinding, pre-registration,
 per-judge orders), then filled with SIMULATED answers (tasks/beauty/simulate.py), analysed by the
 `study-analyze` flow (flows/demo_beauty.py) and given its page in the report. A second run changes nothing.
 """
@@ -55,16 +57,17 @@ def fill_demo_study(settings, console) -> bool:
     pin_suite(settings.reference_dir, suite_file)
     suite = load_beauty_suite(settings.reference_dir)
 
-    study_settings = settings.model_copy(update={"store": str((settings.home / "study-objects").resolve())})
     from tasks.runs.units_ingest import open_configured_store
+    from tasks.store.storage import MODELS_PREFIX, beauty_root
 
-    store = open_configured_store(study_settings)
+    store = open_configured_store(settings)
     create_local_root(store)  # no "does not exist: treating it as empty" on a first demo
-    have = set(store.list_models())
+    place = beauty_root(suite.version)
+    have = set(store.list_models(place))
     photos = [load_photo(name) for name in DEMO_PHOTOS]
     for model in (m for m in CONTENDERS if m.model_id in DEMO_STUDY_TOOLS and m.model_id not in have):
         for key, data in render_model(model, [(p.prompt_id, p.prompt) for p in suite.prompts], photos).items():
-            store.write(key, data)
+            store.write(place + key.removeprefix(MODELS_PREFIX), data)  # render_model names models/<id>/<prompt>
 
     d = study_dir(settings, DEMO_STUDY_ID)
     if not (d / STUDY_FILE).exists():
@@ -74,7 +77,7 @@ def fill_demo_study(settings, console) -> bool:
     from tasks.beauty.sources import has_panel_store, load_study_context
 
     if not has_panel_store(load_study_context(settings, DEMO_STUDY_ID)):
-        opened = open_study(study_settings, DEMO_STUDY_ID)  # the links are not shown: nobody judges a demo
+        opened = open_study(settings, DEMO_STUDY_ID)  # the links are not shown: nobody judges a demo
         console.print(f"demo study {DEMO_STUDY_ID}: opened ({opened.n_images} blinded images, pre-registered)")
     n = record_simulated_answers(settings, DEMO_STUDY_ID)
     console.print(f"demo study {DEMO_STUDY_ID}: {n} [bold yellow]SIMULATED[/] answers recorded")

@@ -172,15 +172,16 @@ def template(study_id: str, tools: list[str], host_tool: str | None = None) -> s
         "judges": judges,
     }
     head = ("# Beauty Index study (docs/BEAUTY.md). Edit, then: imagebench study open " + study_id + "\n"
-            "# tools: model ids in the object store (models/<tool>/<prompt_id>.png, one image per prompt of the suite)\n"
+            "# tools: folders of the object store's beauty/" + body["suite"] + "/<tool>/<prompt_id>.png (one image per prompt of the suite)\n"
             "# judges: anonymous labels only (never names); groups default to the five published ones\n"
             "# blinding: {shape: letterbox|crop, aspect: \"1:1\"}: needed when the tools' images differ in aspect ratio\n")
     return head + yaml.safe_dump(body, sort_keys=False, allow_unicode=True)
 
 
 def init_study(settings, study_id: str, tools: list[str] | None = None, host_tool: str | None = None) -> Path:
-    """Write ``studies/<id>/study.yaml`` (refuses to overwrite one). Tools default to every model
-    of the object store. The file is validated before it is written."""
+    """Write ``studies/<id>/study.yaml`` (refuses to overwrite one). Tools default to every tool in
+    the store's Beauty place (``beauty/<suite>/<tool>/``: tasks/beauty/images.py). The file is
+    validated before it is written."""
     from tasks.store.storage import validate_model_id
 
     d = study_dir(settings, study_id)
@@ -188,9 +189,14 @@ def init_study(settings, study_id: str, tools: list[str] | None = None, host_too
     if path.exists():
         raise StudyError(f"{path} already exists: edit it, or pick another study id")
     if not tools:
-        from tasks.runs.units_ingest import open_configured_store
+        from schemas.study import BEAUTY_SUITE_VERSION
+        from tasks.beauty.images import list_tools
+        from tasks.beauty.suite import load_beauty_suite
 
-        tools = open_configured_store(settings).list_models()
+        where, tools = list_tools(settings, load_beauty_suite(settings.reference_dir, BEAUTY_SUITE_VERSION))
+        if not tools:
+            raise StudyError(f"no tools in {where}: put each tool's images there (<tool>/<prompt_id>.png), "
+                             "or name the tools with --tools")
     for t in tools:
         validate_model_id(t)
     text = template(study_id, list(tools), host_tool)
@@ -215,6 +221,7 @@ class OpenedStudy:
     judge_tokens: dict[str, str] = field(repr=False)  # label -> token: shown once, stored hashed
     n_images: int = 0
     blinding_report: list[str] = field(default_factory=list)  # what `study open` prints (tasks/panel/blind.py)
+    image_places: list[str] = field(default_factory=list)  # where the images were read (tasks/beauty/images.py), printed too
 
 
 def judge_order(order_key: int | str, label: str, image_ids: list[str]) -> list[str]:
@@ -257,11 +264,9 @@ def open_study(settings, study_id: str, now: datetime | None = None) -> OpenedSt
     once, per-judge orders drawn from its seed, tokens issued. Prints nothing; returns the tokens
     (the only time they exist in clear)."""
     from tasks.beauty.suite import load_beauty_suite
-    from tasks.store.ingest import ingest_model
-    from tasks.scores.suite import other_suite_prompt_ids
+    from tasks.beauty.images import ingest_tools, place_lines
     from tasks.panel.blind import BLIND_EXTENSION, blind_study, opaque_id
     from tasks.panel.store import new_token, sha256_hex
-    from tasks.runs.units_ingest import open_configured_store
 
     from tasks.beauty.prereg import commitment, create_order_secret, order_key
 
@@ -287,15 +292,11 @@ def open_study(settings, study_id: str, now: datetime | None = None) -> OpenedSt
     store = None
     try:
         suite = load_beauty_suite(settings.reference_dir, definition.suite)
-        objects = open_configured_store(settings)
-        ingested: dict[str, list[dict]] = {}
-        for tool in definition.tools:
-            result = ingest_model(objects, tool, suite, Path(settings.home), now=now,
-                                  other_suites=other_suite_prompt_ids(settings.reference_dir, suite.version))
-            ingested[tool] = result.images.to_pylist()
+        placed = ingest_tools(settings, suite, definition.tools, now)  # each tool's place in the store, validated
+        ingested = {tool: p.rows for tool, p in placed.items()}
         missing = missing_images(ingested)
         if missing:
-            detail = "; ".join(f"{t}: {', '.join(v)}" for t, v in missing.items())
+            detail = "; ".join(f"{t}: {', '.join(v)} (under {placed[t].key_prefix})" for t, v in missing.items())
             raise StudyError(f"study {study_id} cannot open: tools missing usable images for some prompts of "
                              f"{suite.version}: {detail}")
 
@@ -351,7 +352,8 @@ def open_study(settings, study_id: str, now: datetime | None = None) -> OpenedSt
             judge_rows=[{"label": j.label, "panel_group": j.group, "token_sha256": sha256_hex(tokens[j.label])}
                         for j in definition.judges],
             queues={j.label: judge_order(key, j.label, ids) for j in definition.judges})
-        return OpenedStudy(d, prereg, admin, tokens, len(image_rows), report.lines)
+        return OpenedStudy(d, prereg, admin, tokens, len(image_rows), report.lines,
+                           place_lines(settings, suite.version, placed))
     finally:
         if store is not None:
             store.dispose()

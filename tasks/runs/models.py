@@ -7,6 +7,9 @@ Plain functions over the lake and the object store (no Prefect, torch or Great E
 * ``require_objects``: an ingest that finds no object for a model refuses and changes nothing:
   a model unknown everywhere is a typo (nearest ids named); a model with ingested images is a
   wrong store or prefix (the source searched and the one its images came from named).
+* ``not_a_model``: why a folder under ``models/`` is no model of the suite (none of its objects
+  names a prompt of it: a Beauty Index tool's images in the layout before issue 26 item 2, stray
+  files): the nightly skips it with that line, ``score`` refuses it with it.
 * ``retire`` / ``unretire``: append a ``model_events`` row (who, when, why); the leaderboard view
   and the nightly honour the latest event of each model; nothing is deleted.
 * ``list_models``: store + lake + events, one row per model.
@@ -31,12 +34,16 @@ import pyarrow as pa
 from schemas.lake import MODEL_EVENTS
 from schemas.settings import Settings
 from tasks.lake.tables import Lake
-from tasks.store.storage import MODELS_PREFIX, validate_model_id
+from tasks.store.storage import MODELS_PREFIX, beauty_root, prompt_id_of_key, validate_model_id
 
 
 class ModelNotFound(LookupError):
     """No such model: no object in the store (and nothing in the lake); the message names the
     store and prefix searched and the nearest existing ids."""
+
+
+class NotAModel(ModelNotFound):
+    """A folder under ``models/`` whose objects name no prompt of the suite: no model of it."""
 
 
 class StoreMismatch(LookupError):
@@ -57,6 +64,9 @@ def nearest_ids(model_id: str, candidates: Iterable[str], n: int = 3) -> list[st
 
 
 def _suggestion(model_id: str, candidates: Sequence[str]) -> str:
+    # Never the id itself ("no model 'a' ...; did you mean 'a'?"): a folder of that name that holds
+    # nothing of the suite is explained by not_a_model, not by a spelling.
+    candidates = [c for c in candidates if c != model_id]
     close = nearest_ids(model_id, candidates)
     if close:
         return "did you mean " + ", ".join(repr(c) for c in close) + "?"
@@ -64,6 +74,32 @@ def _suggestion(model_id: str, candidates: Sequence[str]) -> str:
         shown = ", ".join(sorted(candidates)[:5]) + (", ..." if len(candidates) > 5 else "")
         return f"models there: {shown} ({len(candidates)}; `imagebench models list`)"
     return f"the store has no model folders under {MODELS_PREFIX} at all: is this the right store and prefix?"
+
+
+def not_a_model(model_id: str, keys: Sequence[str], suite_version: str, suites: dict[str, frozenset[str]]) -> str | None:
+    """Why the folder ``models/<model_id>/`` with objects ``keys`` is not a model of the suite
+    ``suite_version``, or None when it is (some object names one of its prompts, even badly: a
+    ``p.bmp`` is then quarantined by ingest) or holds nothing (an empty folder, said elsewhere).
+    ``suites``: every pinned suite's prompt ids (tasks.scores.suite.prompt_ids_by_suite)."""
+    own = suites.get(suite_version, frozenset())
+    named = [prompt_id_of_key(k) for k in keys]
+    if not keys or any(p in own for p in named):
+        return None
+    folder = f"{MODELS_PREFIX}{model_id}/"
+    parts = []
+    for version, ids in sorted(suites.items()):
+        n = sum(1 for p in named if p is not None and p in ids)
+        if version == suite_version or not n:
+            continue
+        where = (f": a Beauty Index study's tool, whose images go under {beauty_root(version)}{model_id}/"
+                 if version.startswith("beauty-") else "")
+        parts.append(f"{n} image{'s' if n != 1 else ''} for prompts of {version}{where}")
+    others = [k for k, p in zip(keys, named) if not any(p is not None and p in ids for ids in suites.values())]
+    if others:
+        parts.append(f"{len(others)} named for no prompt (e.g. {others[0]})")
+    n = len(keys)
+    return (f"{folder} is not a model of {suite_version}: none of its {n} object{'s' if n != 1 else ''} is an image "
+            f"for one of its prompts ({'; '.join(parts)})")
 
 
 def _source_of(images: pa.Table, model_id: str) -> str | None:
@@ -75,8 +111,10 @@ def _source_of(images: pa.Table, model_id: str) -> str | None:
     return None
 
 
-def require_objects(store, lake: Lake, model_id: str, n_objects: int) -> None:
+def require_objects(store, lake: Lake, model_id: str, n_objects: int, not_model: str | None = None) -> None:
     """Refuse an ingest that found no object for ``model_id`` (raises; returns when it found some).
+    ``not_model``: why the folder, which holds only other suites' images, is not a model of this
+    one (:func:`not_a_model`), said instead of a spelling suggestion.
 
     Nothing has been written when this runs, so a refusal changes nothing.
     """
@@ -93,12 +131,30 @@ def require_objects(store, lake: Lake, model_id: str, n_objects: int) -> None:
             + "; check --source / IMAGEBENCH_STORE (nothing was changed). If its images were removed on "
             f"purpose: imagebench models retire {model_id} --reason '...'"
         )
+    if not_model:
+        raise NotAModel(f"{not_model}; nothing was ingested (docs/STORAGE.md)")
     try:
         candidates = store.list_models()
     except Exception:  # noqa: BLE001 - the listing above worked; the suggestion is a courtesy
         candidates = []
+    if model_id in candidates:  # the folder is there (a local directory) with nothing in it
+        raise ModelNotFound(f"no model {model_id!r}: {searched} holds no object (nothing was changed)")
     known = set(candidates) | set(lake.models("model_scores")) | set(lake.models("images"))
     raise ModelNotFound(f"no model {model_id!r}: no objects under {searched}; {_suggestion(model_id, sorted(known))}")
+
+
+def check_model_folder(store, lake: Lake, model_id: str, suite_version: str, reference_dir: Path) -> None:
+    """What an ingest of ``model_id`` would refuse first, from one listing (the command line checks
+    it before Prefect starts): no object of the suite at all (:func:`require_objects`), said as
+    :func:`not_a_model` when the folder holds only other suites' images."""
+    from tasks.scores.suite import prompt_ids_by_suite
+
+    suites = prompt_ids_by_suite(reference_dir)
+    own = suites.get(suite_version, frozenset())
+    others = frozenset().union(*(ids for v, ids in suites.items() if v != suite_version)) - own
+    keys = [o.key for o in store.list_model_objects(model_id)]
+    n = sum(1 for k in keys if prompt_id_of_key(k) not in others)  # what ingest keeps (tasks.store.ingest)
+    require_objects(store, lake, model_id, n, not_model=not_a_model(model_id, keys, suite_version, suites) if keys else None)
 
 
 def require_known(settings: Settings, model_id: str) -> None:

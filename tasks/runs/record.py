@@ -40,6 +40,7 @@ class RunRecord:
     started_at: datetime = field(default_factory=lambda: datetime.now(timezone.utc))
     _t0: float = field(default_factory=time.monotonic, repr=False)
     dispositions: dict[str, str] = field(default_factory=dict)  # model -> disposition
+    skipped: dict[str, str] = field(default_factory=dict)  # folder -> why it is no model (the artifact says it)
     errors: list[str] = field(default_factory=list)
     corrupt_files: list[str] = field(default_factory=list)
     counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(COUNTERS, 0))
@@ -64,6 +65,12 @@ class RunRecord:
         with self._lock:
             if self.dispositions.get(model_id) != "errored":  # an error is final for the run
                 self.dispositions[model_id] = disposition
+
+    def skip(self, folder: str, why: str) -> None:
+        """An object-store folder that is no model of the suite: counted as "invalid", with why."""
+        self.mark(folder, "invalid")
+        with self._lock:
+            self.skipped[folder] = " ".join(str(why).split())[:MAX_ERROR_CHARS]
 
     def error(self, model_id: str | None, message: str) -> None:
         text = " ".join(str(message).split())[:MAX_ERROR_CHARS]
@@ -142,6 +149,9 @@ class RunRecord:
         lines += [f"| {k} | {row[k]} |" for k in COUNTERS if k != "prefect_tasks"]
         lines += ["", "| stage | busy seconds |", "|---|---|"]
         lines += [f"| {s} | {row[f'{s}_s']:.2f} |" for s in STAGES]
+        if self.skipped:
+            lines += ["", "## Skipped folders (no model of the suite)", ""]
+            lines += [f"- `{f}`: {why}" for f, why in sorted(self.skipped.items())]
         if row["errors"]:
             lines += ["", "## Errors", ""] + [f"- {e}" for e in row["errors"]]
         if row["corrupt_files"]:

@@ -24,7 +24,7 @@ from tasks.scores.suite import Suite
 @dataclass(frozen=True)
 class ModelPlan:
     model_id: str
-    status: str  # "candidate" (to ingest) | "up_to_date" | "invalid" | "retired"
+    status: str  # "candidate" (to ingest) | "up_to_date" | "invalid" (no model of the suite: skipped) | "retired"
     fingerprint: str | None  # listing fingerprint of the object store now
     detail: str = ""
 
@@ -56,9 +56,15 @@ def discover_models(settings: Settings, suite: Suite, reference: ReferenceFile) 
     the one its lake images were ingested from AND it has a result under this suite, reference
     and scorer computed from exactly those images (content fingerprint). Anything else is a
     candidate: ingest hashes the bytes and :func:`classify` says what to do.
+
+    A folder that is no model of the suite is "invalid", with why: a name that is no model id, an
+    empty folder, or objects of which none names a prompt of the suite (a Beauty Index tool's
+    images in the layout before issue 26 item 2, stray files; tasks.runs.models.not_a_model) and
+    no image of it ever ingested. The nightly skips it with that line; the run goes on.
     """
     from tasks.lake.tables import Lake
-    from tasks.runs.models import retired_models
+    from tasks.runs.models import not_a_model, retired_models
+    from tasks.scores.suite import prompt_ids_by_suite
     from tasks.store.storage import (
         InvalidModelId,
         is_model_id,
@@ -71,6 +77,8 @@ def discover_models(settings: Settings, suite: Suite, reference: ReferenceFile) 
     results = _result_fingerprints(settings, suite, reference, [m for m in names if is_model_id(m)])
     lake = Lake(settings.lake_dir)
     retired = retired_models(lake)
+    suites = prompt_ids_by_suite(settings.reference_dir)
+    suites[suite.version] = frozenset(suite.by_id)  # the run's own suite, whatever its file holds
     plans = []
     for model_id in names:
         try:
@@ -87,6 +95,10 @@ def discover_models(settings: Settings, suite: Suite, reference: ReferenceFile) 
             # to ingest, which refuses it loudly: tasks.runs.models.require_objects).
             plans.append(ModelPlan(model_id, "invalid", None, f"empty folder: no objects under models/{model_id}/"))
             continue
+        why = not_a_model(model_id, [o.key for o in objects], suite.version, suites)
+        if why and not _ever_ingested(lake, model_id):
+            plans.append(ModelPlan(model_id, "invalid", None, f"{why} (docs/STORAGE.md)"))
+            continue
         fp = listing_fingerprint(objects)
         status = "candidate"
         if model_id in results:
@@ -96,6 +108,14 @@ def discover_models(settings: Settings, suite: Suite, reference: ReferenceFile) 
                 status = "up_to_date"
         plans.append(ModelPlan(model_id, status, fp))
     return plans
+
+
+def _ever_ingested(lake, model_id: str) -> bool:
+    """Whether the lake holds an image of the model that was there (ok or quarantined): such a
+    model stays one, whatever its folder holds now (ingest then refuses or re-scores it)."""
+    if not lake.partition_path("images", model_id).is_file():
+        return False
+    return any(s != "missing" for s in lake.read("images", [model_id]).column("state").to_pylist())
 
 
 def classify(settings: Settings, suite: Suite, reference: ReferenceFile, model_id: str) -> str:

@@ -51,9 +51,12 @@ def ingest_and_stage(settings: Settings, suite: Suite, model_id: str) -> IngestS
         other_suites=other_suite_prompt_ids(settings.reference_dir, suite.version),
     )
     from tasks.lake.tables import Lake
-    from tasks.runs.models import require_objects
+    from tasks.runs.models import check_model_folder, require_objects
 
-    # No object at all: a typo or a wrong store/prefix, never 192 'missing' rows (nothing staged).
+    # No object at all: a typo or a wrong store/prefix, never 192 'missing' rows (nothing staged);
+    # only other suites' images: not a model of this suite (the listing again, only then, says so).
+    if not result.n_objects:
+        check_model_folder(store, Lake(settings.lake_dir), model_id, suite.version, settings.reference_dir)
     require_objects(store, Lake(settings.lake_dir), model_id, result.n_objects)
     require_valid("images", result.images)
     require_valid("quarantine", result.quarantine)

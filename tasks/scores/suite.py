@@ -94,15 +94,22 @@ def check_published_shape(suite: Suite, source: str = "<suite>") -> None:
         raise SuiteError(f"{source}: tags without exactly {PROMPTS_PER_TAG} prompts: {wrong}")
 
 
-def other_suite_prompt_ids(reference_dir: Path, suite_version: str) -> frozenset[str]:
-    """Prompt ids of every other suite in ``reference_dir`` (``suite-*.jsonl``: ImageBench's and
-    the Beauty Index's share the ``models/<id>/<prompt_id>.<ext>`` layout), minus this suite's own."""
+def prompt_ids_by_suite(reference_dir: Path) -> dict[str, frozenset[str]]:
+    """Every suite file of ``reference_dir`` (``suite-<version>.jsonl``): version -> its prompt ids."""
     import json
 
-    own: set[str] = set()
-    other: set[str] = set()
+    out: dict[str, frozenset[str]] = {}
     for path in sorted(Path(reference_dir).glob("suite-*.jsonl")):
         ids = {json.loads(line)["prompt_id"] for line in path.read_text(encoding="utf-8").splitlines() if line.strip()}
-        (own if path.name == f"suite-{suite_version}.jsonl" else other).update(ids)
-    return frozenset(other - own)
+        out[path.name.removeprefix("suite-").removesuffix(".jsonl")] = frozenset(ids)
+    return out
+
+
+def other_suite_prompt_ids(reference_dir: Path, suite_version: str) -> frozenset[str]:
+    """Prompt ids of every other suite in ``reference_dir`` (``suite-*.jsonl``), minus this suite's
+    own: objects a model folder may hold for another protocol (Beauty Index images under
+    ``models/<id>/``, the layout before issue 26 item 2), left to that protocol."""
+    by_suite = prompt_ids_by_suite(reference_dir)
+    own = by_suite.get(suite_version, frozenset())
+    return frozenset().union(*(ids for v, ids in by_suite.items() if v != suite_version)) - own
 

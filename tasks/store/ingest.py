@@ -1,6 +1,6 @@
 """Ingest: validate every object of a model before anything is scored.
 
-Each object under ``models/<model_id>/`` is checked (key, prompt id, duplicates, then the bytes:
+Each object under ``models/<model_id>/`` (or a Beauty Index tool's ``beauty/<suite>/<tool>/``) is checked (key, prompt id, duplicates, then the bytes:
 decodable, complete, still, PNG/JPEG/WEBP, 8-bit mode, sane dimensions). A bad object is
 quarantined with its reason and a message naming it; it never stops the other images. Valid
 images are copied, content-addressed, into ``<home>/images/<sha[:2]>/<sha256>.<ext>``.
@@ -38,6 +38,7 @@ from schemas.lake import IMAGES, QUARANTINE, QUARANTINE_REASONS
 from tasks.store.durable import atomic_write
 from tasks.store.storage import (
     IMAGE_EXTENSIONS,
+    MODELS_PREFIX,
     InvalidKey,
     ObjectStore,
     StoredObject,
@@ -246,23 +247,25 @@ class ObjectPlan:
 
 
 def plan_objects(
-    model_id: str, objects: Sequence[StoredObject], suite: Suite, limits: ImageLimits = DEFAULT_LIMITS
+    model_id: str, objects: Sequence[StoredObject], suite: Suite, limits: ImageLimits = DEFAULT_LIMITS,
+    root: str = MODELS_PREFIX,
 ) -> list[ObjectPlan]:
     """Decide from the listing alone: bad_key, unknown_prompt, duplicate_prompt, and the size checks
-    (empty_file, too_large) that need no read. The rest must be read. Sorted by key."""
+    (empty_file, too_large) that need no read. The rest must be read. Sorted by key. ``root``: the
+    folder the model's folder is in (``models/``, or a Beauty suite's ``beauty/<suite>/``)."""
     plans: dict[str, ObjectPlan] = {}
     by_prompt: dict[str, list[StoredObject]] = defaultdict(list)
     for obj in sorted(objects, key=lambda o: o.key):
         try:
-            key_model, prompt_id, _ext = parse_image_key(obj.key)
+            key_model, prompt_id, _ext = parse_image_key(obj.key, root)
             if key_model != model_id:
-                raise InvalidKey(f"object key {obj.key!r} is not under models/{model_id}/")
+                raise InvalidKey(f"object key {obj.key!r} is not under {root}{model_id}/")
         except InvalidKey as exc:
             plans[obj.key] = ObjectPlan(
                 obj,
-                prompt_id_of_key(obj.key),
+                prompt_id_of_key(obj.key, root),
                 "bad_key",
-                f"{exc} (expected models/{model_id}/<prompt_id>.<{'|'.join(IMAGE_EXTENSIONS)}>)",
+                f"{exc} (expected {root}{model_id}/<prompt_id>.<{'|'.join(IMAGE_EXTENSIONS)}>)",
                 key_ok=False,
             )
             continue
@@ -474,12 +477,14 @@ def ingest_model(
     max_workers: int = 8,
     progress: Progress | None = None,
     other_suites: frozenset[str] = frozenset(),
+    root: str = MODELS_PREFIX,
 ) -> IngestResult:
-    """Validate every object of ``model_id`` and build its IMAGES/QUARANTINE rows.
+    """Validate every object of ``<root><model_id>/`` and build its IMAGES/QUARANTINE rows.
 
-    ``other_suites``: prompt ids of the other pinned suites (a model may render the Beauty Index
-    prompts beside ImageBench's under the same ``models/<id>/``): their objects belong to the other
-    protocol's ingest and are left out here, neither validated nor quarantined.
+    ``root``: ``models/`` (ImageBench) or a Beauty suite's ``beauty/<suite>/`` (tasks/beauty/images.py).
+    ``other_suites``: prompt ids of the other pinned suites (before issue 26 item 2 a lab put the
+    Beauty Index images beside ImageBench's under the same ``models/<id>/``): their objects belong
+    to the other protocol and are left out here, neither validated nor quarantined.
 
     Raises InvalidModelId before anything is read, StoreError when the store fails (the listing,
     or any read: nothing is returned then; the image cache may already hold copies of valid
@@ -494,9 +499,9 @@ def ingest_model(
         raise ValueError("now must be timezone-aware (UTC)")
     home = Path(home)
 
-    objects = [o for o in store.list_model_objects(model_id) if prompt_id_of_key(o.key) not in other_suites]
+    objects = [o for o in store.list_model_objects(model_id, root) if prompt_id_of_key(o.key, root) not in other_suites]
     fingerprint = listing_fingerprint(objects)
-    plans = plan_objects(model_id, objects, suite, limits)
+    plans = plan_objects(model_id, objects, suite, limits, root)
     total = len(plans)
 
     outcomes: dict[str, ObjectOutcome] = {}

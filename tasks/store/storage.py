@@ -1,8 +1,13 @@
 """Object store access: a local directory (embedded default) or any S3 API through boto3.
 
-Layout inside a store (see docs/STORAGE.md)::
+Layout inside a store (see docs/STORAGE.md): one place per protocol (issue 26 item 2)::
 
-    models/<model_id>/<prompt_id>.<png|jpg|jpeg|webp>
+    models/<model_id>/<prompt_id>.<png|jpg|jpeg|webp>          ImageBench: what the nightly scores
+    beauty/<suite_version>/<tool>/<prompt_id>.<ext>            the Beauty Index: what `study open` reads
+    studies/<study_id>/memos/<memo_id>.<ext>                   the Beauty Index panel's voice memos
+
+Listing and key functions take the folder that holds one sub-folder per model or tool (``root``:
+``models/`` by default, :func:`beauty_root` for a Beauty suite).
 
 A store is opened from one URI: ``s3://bucket/prefix``, ``file:///dir`` or a plain directory
 (:func:`open_store`). Keys passed to and returned by a store are relative to its root/prefix and
@@ -32,7 +37,8 @@ from tasks.store.durable import atomic_write
 
 log = logging.getLogger(__name__)
 
-MODELS_PREFIX = "models/"
+MODELS_PREFIX = "models/"  # ImageBench models: models/<model_id>/<prompt_id>.<ext>
+BEAUTY_PREFIX = "beauty/"  # Beauty Index tools: beauty/<suite_version>/<tool>/<prompt_id>.<ext>
 IMAGE_EXTENSIONS = ("png", "jpg", "jpeg", "webp")
 MODEL_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 MAX_KEY_LENGTH = 1024
@@ -84,24 +90,41 @@ def validate_model_id(model_id: object) -> str:
     return model_id
 
 
+def beauty_root(suite_version: str) -> str:
+    """The folder of a Beauty Index suite's tools: ``beauty/<suite_version>/`` (one folder per tool,
+    one image per prompt of that suite in it). Its own place, never under ``models/``: the nightly
+    scores every folder there as an ImageBench model."""
+    return check_root(f"{BEAUTY_PREFIX}{suite_version}/")
+
+
+def check_root(root: object) -> str:
+    """A folder of the store that holds one folder per model or tool (``models/``,
+    ``beauty/beauty-index-v1/``): a safe relative key ending in ``/``. Raises :class:`InvalidKey`."""
+    if not isinstance(root, str) or not root.endswith("/"):
+        raise InvalidKey(f"invalid store folder {root!r}: must be a relative key ending in '/'")
+    check_key(root[:-1])
+    return root
+
+
 def is_model_id(name: object) -> bool:
     """True when ``name`` passes :func:`validate_model_id` (for filtering; no error message)."""
     return isinstance(name, str) and bool(MODEL_ID_RE.fullmatch(name)) and ".." not in name
 
 
-def parse_image_key(key: str) -> tuple[str, str, str]:
-    """``models/<model_id>/<prompt_id>.<ext>`` -> ``(model_id, prompt_id, ext)``; ``ext`` lower-cased.
+def parse_image_key(key: str, root: str = MODELS_PREFIX) -> tuple[str, str, str]:
+    """``<root><model_id>/<prompt_id>.<ext>`` -> ``(model_id, prompt_id, ext)``; ``ext`` lower-cased
+    (``root``: ``models/``, or a Beauty suite's :func:`beauty_root`).
 
     Raises :class:`InvalidKey` (naming the key and the rule it breaks) for anything else: another
     top-level folder, a sub-folder, a bad model or prompt id, an extension other than
     png/jpg/jpeg/webp (case-insensitive).
     """
-    if not isinstance(key, str) or not key.startswith(MODELS_PREFIX):
-        raise InvalidKey(f"object key {key!r} is not under {MODELS_PREFIX}")
-    parts = key[len(MODELS_PREFIX) :].split("/")
+    if not isinstance(key, str) or not key.startswith(root):
+        raise InvalidKey(f"object key {key!r} is not under {root}")
+    parts = key[len(root) :].split("/")
     if len(parts) != 2:
         raise InvalidKey(
-            f"object key {key!r} must be {MODELS_PREFIX}<model_id>/<prompt_id>.<ext>: "
+            f"object key {key!r} must be {root}<model_id>/<prompt_id>.<ext>: "
             "sub-folders are not allowed"
         )
     model_part, name = parts
@@ -120,14 +143,14 @@ def parse_image_key(key: str) -> tuple[str, str, str]:
     return model_part, stem, ext.lower()
 
 
-def prompt_id_of_key(key: str) -> str | None:
-    """The prompt id a key names (``models/<valid id>/<valid prompt>.<any ext>``), else None.
+def prompt_id_of_key(key: str, root: str = MODELS_PREFIX) -> str | None:
+    """The prompt id a key names (``<root><valid id>/<valid prompt>.<any ext>``), else None.
 
     Lets a badly named object (e.g. ``p.bmp``) still be attributed to its prompt in reports.
     """
-    if not key.startswith(MODELS_PREFIX):
+    if not key.startswith(root):
         return None
-    parts = key[len(MODELS_PREFIX) :].split("/")
+    parts = key[len(root) :].split("/")
     if len(parts) != 2 or not MODEL_ID_RE.fullmatch(parts[0]) or ".." in parts[0]:
         return None
     stem = parts[1].rpartition(".")[0] or parts[1]
@@ -148,8 +171,8 @@ def check_key(key: object) -> str:
     return key
 
 
-def model_prefix(model_id: str) -> str:
-    return f"{MODELS_PREFIX}{validate_model_id(model_id)}/"
+def model_prefix(model_id: str, root: str = MODELS_PREFIX) -> str:
+    return f"{check_root(root)}{validate_model_id(model_id)}/"
 
 
 # --------------------------------------------------------------------------------------------
@@ -183,13 +206,13 @@ class ObjectStore(ABC):
         """Where the store is: ``s3://bucket/prefix`` or ``file:///dir``."""
 
     @abstractmethod
-    def list_models(self) -> list[str]:
-        """Names directly under ``models/`` (sorted), invalid ones included so callers reject them
-        loudly."""
+    def list_models(self, root: str = MODELS_PREFIX) -> list[str]:
+        """Names of the folders directly under ``root`` (``models/``, or a Beauty suite's
+        ``beauty/<suite>/``), sorted, invalid ones included so callers reject them loudly."""
 
     @abstractmethod
-    def list_model_objects(self, model_id: str) -> list[StoredObject]:
-        """Every object under ``models/<model_id>/`` (sorted by key), sub-folders and odd names
+    def list_model_objects(self, model_id: str, root: str = MODELS_PREFIX) -> list[StoredObject]:
+        """Every object under ``<root><model_id>/`` (sorted by key), sub-folders and odd names
         included. A model with no objects gives ``[]``. Raises InvalidModelId first."""
 
     @abstractmethod
@@ -251,10 +274,11 @@ class LocalStore(ObjectStore):
         return True
 
     # -- interface
-    def list_models(self) -> list[str]:
+    def list_models(self, root: str = MODELS_PREFIX) -> list[str]:
+        folder = check_root(root)
         if not self._check_root():
             return []
-        models_dir = self.root / "models"
+        models_dir = self.root.joinpath(*folder.rstrip("/").split("/"))
         if not models_dir.is_dir() or not self._inside(models_dir):
             return []
         try:
@@ -265,8 +289,8 @@ class LocalStore(ObjectStore):
         except OSError as exc:
             raise StoreError(f"cannot list {models_dir}: {exc}") from exc
 
-    def list_model_objects(self, model_id: str) -> list[StoredObject]:
-        prefix = model_prefix(model_id)
+    def list_model_objects(self, model_id: str, root: str = MODELS_PREFIX) -> list[StoredObject]:
+        prefix = model_prefix(model_id, root)
         if not self._check_root():
             return []
         top = self.root.joinpath(*prefix.rstrip("/").split("/"))
@@ -301,7 +325,7 @@ class LocalStore(ObjectStore):
         return sorted(out, key=lambda o: o.key)
 
     def _walk_linked(self, linked_dir: Path) -> Iterator[StoredObject]:
-        # Keys keep the symlink's own path (the name under models/<id>/), not its target's.
+        # Keys keep the symlink's own path (the name under <root><id>/), not its target's.
         for dirpath, _dirnames, filenames in os.walk(linked_dir, followlinks=False):
             for name in filenames:
                 p = Path(dirpath) / name
@@ -567,8 +591,8 @@ class S3Store(ObjectStore):
             for page in self._client.get_paginator("list_objects_v2").paginate(**kwargs):
                 yield page
 
-    def list_models(self) -> list[str]:
-        base = self.prefix + MODELS_PREFIX
+    def list_models(self, root: str = MODELS_PREFIX) -> list[str]:
+        base = self.prefix + check_root(root)
         names = set()
         for page in self._paginate("list models in", base, delimiter="/"):
             for cp in page.get("CommonPrefixes", []) or []:
@@ -577,8 +601,8 @@ class S3Store(ObjectStore):
                     names.add(name)
         return sorted(names)
 
-    def list_model_objects(self, model_id: str) -> list[StoredObject]:
-        base = self.prefix + model_prefix(model_id)
+    def list_model_objects(self, model_id: str, root: str = MODELS_PREFIX) -> list[StoredObject]:
+        base = self.prefix + model_prefix(model_id, root)
         out: list[StoredObject] = []
         for page in self._paginate(f"list objects of model {model_id!r} in", base):
             for item in page.get("Contents", []) or []:

@@ -437,9 +437,9 @@ class CountingStore(LocalStore):
         self.calls: list[str] = []
         self.fail_on = fail_on
 
-    def list_model_objects(self, model_id):
+    def list_model_objects(self, model_id, root="models/"):
         self.calls.append("list")
-        return super().list_model_objects(model_id)
+        return super().list_model_objects(model_id, root)
 
     def read(self, obj):
         self.calls.append(obj.key)

@@ -244,6 +244,39 @@ def test_contract_write_list_read(store):
     assert store.list_model_objects("nobody") == []
 
 
+def test_contract_each_protocol_lists_its_own_place(store, tmp_path):
+    """Issue 26 item 2: the Beauty Index's tools at beauty/<suite>/<tool>/ are listed, read and
+    ingested from there, and never show among the ImageBench models under models/."""
+    from tasks.beauty.suite import load_beauty_suite
+    from tasks.store.ingest import ingest_model
+    from tasks.store.storage import beauty_root
+    from tests.flows.conftest import image_bytes
+
+    _seed(store)
+    suite = load_beauty_suite(Path(__file__).resolve().parents[2] / "reference")
+    place = beauty_root(suite.version)
+    assert place == "beauty/beauty-index-v1/"
+    ids = [p.prompt_id for p in suite.prompts]
+    for i, pid in enumerate(ids[:3]):
+        store.write(f"{place}t1/{pid}.png", image_bytes(i, side=64))
+    store.write(f"{place}t2/{ids[0]}.png", image_bytes(9, side=64))
+    store.write(f"{place}t2/notes.txt", b"stray")
+    assert store.list_models() == sorted([".hidden", "bad name", "m1", "m10"])  # no tool among the models
+    assert store.list_models(place) == ["t1", "t2"]
+    assert store.list_models("beauty/") == ["beauty-index-v1"]
+    assert [o.key for o in store.list_model_objects("t1", place)] == sorted(f"{place}t1/{p}.png" for p in ids[:3])
+    assert store.list_model_objects("t1") == [] and store.list_model_objects("m1", place) == []
+    for bad in ("beauty", "/beauty/", "beauty/../models/", ""):
+        with pytest.raises(InvalidKey):
+            store.list_models(bad)
+    result = ingest_model(store, "t2", suite, tmp_path / "home", root=place)
+    rows = {r["prompt_id"]: r for r in result.images.to_pylist()}
+    assert rows[ids[0]]["state"] == "ok" and rows[ids[0]]["object_uri"].endswith(f"/{place}t2/{ids[0]}.png")
+    assert sum(r["state"] == "missing" for r in rows.values()) == len(ids) - 1
+    (bad,) = result.quarantine.to_pylist()
+    assert bad["reason"] == "bad_key" and f"expected {place}t2/<prompt_id>" in bad["detail"]
+
+
 def test_contract_rejects_bad_model_ids_and_keys(store):
     _seed(store)
     for bad in ["../x", "..", "a/b", ".hidden", ""]:
