@@ -81,8 +81,10 @@ def nightly(
         from flows.cli.common import nightly_line
 
         err.print(nightly_line(summary), highlight=False)
-        for model_id, detail in summary["invalid"].items():
-            err.print(f"[red]invalid model folder {model_id!r}: {detail}[/]")
+        for model_id, detail in summary["invalid"].items():  # no model of the suite: one line each, the run goes on
+            from rich.markup import escape
+
+            err.print(f"[yellow]skipped {escape(repr(model_id))}: {escape(detail)}[/]", highlight=False, soft_wrap=True)
         print_rows(summary["rows"], fmt, "nightly")
         print_quarantine(settings, summary["scored"] + summary["unchanged"], err)
         warn_uncalibrated(any(r["uncalibrated"] for r in summary["rows"]), fmt)
@@ -695,15 +697,15 @@ def refuse_unknown_model(settings: Settings, model: str) -> None:
     prefix searched, the nearest ids), checked from here before a run is created. A store this
     machine cannot list (a worker's bucket, other credentials) is said, and left to the run."""
     from tasks.lake.tables import Lake
-    from tasks.runs.models import require_objects
+    from tasks.runs.models import check_model_folder
     from tasks.store.storage import StoreError
     from tasks.runs.units_ingest import open_configured_store
 
     try:
         store = open_configured_store(settings)
-        n_objects = len(store.list_model_objects(model))
+        store.list_model_objects(model)
     except (StoreError, OSError) as exc:
         err.print(f"[yellow]store {settings.store_uri} cannot be listed from here ({type(exc).__name__}: "
                   f"{exc}): model {model!r} is checked where the run runs[/]", highlight=False, soft_wrap=True)
         return
-    require_objects(store, Lake(settings.lake_dir), model, n_objects)
+    check_model_folder(store, Lake(settings.lake_dir), model, settings.suite_version, settings.reference_dir)
