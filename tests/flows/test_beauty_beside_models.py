@@ -240,3 +240,17 @@ def test_the_demo_study_puts_its_images_at_the_beauty_place_of_the_demo_store(tm
     finally:
         panel.dispose()
     assert len(rows) == 40 and {r["tool"] for r in rows} == set(DEMO_STUDY_TOOLS)
+
+
+def test_the_run_record_counts_a_skipped_folder_and_its_artifact_says_why():
+    from tasks.runs.record import RunRecord
+
+    record = RunRecord(run_id="r1", flow="nightly", suite_version="imagebench-v1", reference_version="t1")
+    record.mark("lab-x", "new")
+    record.skip("a", "models/a/ is not a model of imagebench-v1: none of its 10 objects ...")
+    row = record.row("completed")
+    assert row["models_invalid"] == ["a"] and row["models_new"] == ["lab-x"] and row["errors"] == []
+    assert row["models_discovered"] == 2 and not record.failed
+    page = record.markdown(row)
+    assert "| invalid | 1 | a |" in page
+    assert "## Skipped folders (no model of the suite)\n\n- `a`: models/a/ is not a model of imagebench-v1" in page
