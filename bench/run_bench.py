@@ -16,6 +16,8 @@ h: importing 1,000 models' scores and verdicts through the CLI (baseline vs now 
 i: a 10,000-model lake: leaderboard and per-category queries from plain duckdb, catalog refresh, and a nightly
    that finds one new model (vs a 100-model lake)
 j: the judging panel, 100 judges at once answering a whole study: p99 answer latency, SQLite vs PostgreSQL
+k: judges against a fake paid API (4 in flight, N per minute, 429 beyond): achieved / allowed rate of Capability
+   judging and `vab run`, on this machine's lock files and on Prefect's global limits
 
 Every number is a ratio of two measurements taken in the same run; nothing here fails on a time.
 What each benchmark does: bench/README.md. Each section is a module exposing ``report(ctx)`` (MODULES
@@ -57,10 +59,12 @@ SECTIONS = {
     "h": "(h) Importing 1,000 models' scores and verdicts",
     "i": "(i) Analyst queries and the catalog refresh at 10,000 models",
     "j": "(j) Judging panel under load: 100 judges at once, SQLite and PostgreSQL",
+    "k": "(k) Judges at a paid API's rate: achieved / allowed requests per minute",
 }
 # The module of each section: it exposes report(ctx: harness.Context) -> harness.Report.
 MODULES = {"a": "bench_preprocess", "b": "bench_e2e", "c": "bench_memory", "e": "bench_nightly", "f": "bench_startup",
-           "g": "bench_pool", "h": "bench_import", "i": "bench_lake", "j": "bench_panel_load"}
+           "g": "bench_pool", "h": "bench_import", "i": "bench_lake", "j": "bench_panel_load",
+           "k": "bench_judge_limits"}
 _T0 = time.perf_counter()
 
 
@@ -205,10 +209,10 @@ def main(argv: list[str] | None = None) -> int:
     raw: dict = {"mode": mode, "machine": info, "command": exact}
     tiny = ref_ws = None
     try:
-        if "b" in only or "c" in only or "e" in only or "f" in only or "i" in only:
+        if "b" in only or "c" in only or "e" in only or "f" in only or "i" in only or "k" in only:
             tiny = TinyModel.write(args.work)
             log("tiny HPSv3 model written")
-        if "b" in only or "e" in only or "f" in only or "i" in only or ("c" in only and not args.quick):
+        if "b" in only or "e" in only or "f" in only or "i" in only or "k" in only or ("c" in only and not args.quick):
             from bench_e2e import build_reference_workspace
 
             baseline = ("base-a",) if args.quick else ("base-a", "base-b")
