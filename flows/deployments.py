@@ -17,6 +17,8 @@ the ``imagebench-gpu`` work pool, for workers on GPU machines (docs/OPERATIONS.m
 from __future__ import annotations
 
 import os
+import sys
+from collections.abc import Callable
 
 from prefect import serve
 from prefect.deployments.runner import EntrypointType
@@ -119,13 +121,45 @@ def ship_run_logs() -> None:
         os.environ.setdefault(key, value)
 
 
-def serve_deployments(print_starting_message: bool = True, runner=None) -> None:
+def take_back_from_work_pools(say: Callable[[str], None]) -> list[str]:
+    """Before serving: the deployments of the same names that are on a work pool (registered for
+    workers by ``imagebench deploy`` or ``serve --local-server --workers``) are deleted, with one
+    line. Registering ours over them is not enough: Prefect keeps a deployment's work pool when a
+    new registration names none, and this process's runner and the pool's workers would then race
+    for every run. Prefect deletes their scheduled runs with them. The names taken back."""
+    from prefect.client.orchestration import get_client
+    from prefect.exceptions import ObjectNotFound
+
+    taken = []
+    with get_client(sync_client=True) as client:
+        for name in (NIGHTLY_DEPLOYMENT, BACKFILL_DEPLOYMENT):
+            try:
+                deployment = client.read_deployment_by_name(name)
+            except ObjectNotFound:
+                continue
+            if deployment.work_pool_name:
+                client.delete_deployment(deployment.id)
+                taken.append(f"{name} (work pool {deployment.work_pool_name!r})")
+    if taken:
+        say(f"serving from this process: removed the work-pool deployments {', '.join(taken)} and the runs still "
+            "scheduled on them (workers of that pool get nothing from now on; `imagebench deploy` registers them again)")
+    return taken
+
+
+def _say_on_stderr(line: str) -> None:
+    print(f"imagebench: {line}", file=sys.stderr, flush=True)
+
+
+def serve_deployments(print_starting_message: bool = True, runner=None,
+                      say: Callable[[str], None] = _say_on_stderr) -> None:
     """Serve both deployments from this process until SIGTERM / Ctrl-C (Prefect's Runner).
 
     ``runner``: a :class:`prefect.runner.Runner` to serve with (the caller keeps a handle on it,
     e.g. to skip pausing the schedules when the server is gone); default: :func:`prefect.serve`.
+    Deployments of the same names on a work pool are taken back first (:func:`take_back_from_work_pools`).
     """
     ship_run_logs()
+    take_back_from_work_pools(say)
     if runner is None:
         serve(*build_deployments(), print_starting_message=print_starting_message)
         return

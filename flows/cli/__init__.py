@@ -3,7 +3,8 @@
 flows/cli/common.py (errors, settings, output, logging), never each other.
 
 - scoring.py: ingest, score, backfill, nightly, hpsv3, compare, breakdown, report, leaderboard,
-  runs, sql, catalog, serve (a Prefect server), demo; imports.py: import-scores, import-verdicts
+  runs, sql, catalog, serve (a Prefect server), demo; imports.py: import-scores, import-verdicts;
+  deploy.py: deploy (prefect.yaml's deployments for workers)
 - reference.py, judges.py, models.py, study.py (with publishing), panel.py, vab.py (with run and
   the official toolkit), vab_people.py (`vab panel`), warm.py
 
@@ -18,7 +19,7 @@ from typing import Annotated
 
 import typer
 
-from flows.cli import imports, scoring
+from flows.cli import deploy, imports, scoring
 from flows.cli.judges import judges_app
 from flows.cli.models import models_app
 from flows.cli.panel import panel_app
@@ -89,7 +90,7 @@ def _global_options(
 for command in (
     scoring.ingest, scoring.score, scoring.backfill, scoring.nightly, scoring.hpsv3, imports.import_scores,
     imports.import_verdicts, scoring.compare, scoring.breakdown, scoring.report, scoring.leaderboard, scoring.runs,
-    scoring.sql, scoring.catalog, scoring.serve, scoring.demo,
+    scoring.sql, scoring.catalog, scoring.serve, deploy.deploy, scoring.demo,
 ):
     app.command()(command)
 app.add_typer(reference_app, name="reference")

@@ -432,11 +432,22 @@ def serve(
         ),
     ] = False,
     port: Annotated[Optional[int], typer.Option(help="--local-server port (default IMAGEBENCH_PREFECT_PORT or 4200)")] = None,
+    workers: Annotated[
+        bool,
+        typer.Option(
+            "--workers",
+            help="with --local-server: register prefect.yaml's deployments for its work pool (created if missing) "
+            "instead of serving them from this process, and print how to start a worker (`imagebench deploy`)",
+        ),
+    ] = False,
 ) -> None:
     """Serve the nightly deployment (cron schedule) and backfills: on the configured Prefect API, or
     with --local-server on a local Prefect server started (and stopped) by this command."""
     with user_errors():
         settings = cli_settings()
+        if workers and not local_server:
+            raise CliError("--workers goes with --local-server; for a Prefect server of your own (PREFECT_API_URL), "
+                           "`imagebench deploy` registers the deployments for its workers")
         if not local_server:
             prepare_prefect(settings, quiet=False)  # a server's console shows its runs' errors
             url = os.environ.get("PREFECT_API_URL")
@@ -453,14 +464,17 @@ def serve(
 
             serve_deployments()
             return
-        _serve_with_local_server(settings, port)
+        _serve_with_local_server(settings, port, workers)
 
 
-def _serve_with_local_server(settings: Settings, port: int | None) -> None:
+def _serve_with_local_server(settings: Settings, port: int | None, workers: bool = False) -> None:
     """`imagebench serve --local-server`: a real Prefect server child process, the deployments served
-    against it from this process, both stopped on Ctrl-C / SIGTERM (the server last)."""
+    against it from this process, both stopped on Ctrl-C / SIGTERM (the server last). With
+    ``workers``, the deployments are prefect.yaml's, registered for its work pool (flows/production.py),
+    and this process only keeps the server until it is stopped."""
     import signal
     import threading
+    import time
 
     from flows.server import LocalServer, protect_clients, server_home
 
@@ -501,13 +515,14 @@ def _serve_with_local_server(settings: Settings, port: int | None) -> None:
         server.wait_healthy()
         err.print(f"[green]Prefect server ready[/] in {server.started_in_s:.0f} s", highlight=False, soft_wrap=True)
         # Prefect pauses the served schedules on shutdown (the next `serve` resumes them).
-        runner = Runner(pause_on_shutdown=True)
+        runner = None if workers else Runner(pause_on_shutdown=True)
 
         def _watch() -> None:  # a server that dies takes `serve` down with it, loudly and at once
             while not stopping.wait(2.0):
                 if not server.running():
                     died.set()
-                    runner.pause_on_shutdown = False  # nothing left to pause
+                    if runner is not None:
+                        runner.pause_on_shutdown = False  # nothing left to pause
                     err.print(f"[bold red]error:[/] the Prefect server exited ({server.process.returncode}); "
                               f"{server.log_path} ends with:", highlight=False, soft_wrap=True)
                     err.print(server.log_tail(), markup=False, highlight=False)
@@ -515,16 +530,33 @@ def _serve_with_local_server(settings: Settings, port: int | None) -> None:
                     return
 
         threading.Thread(target=_watch, name="imagebench-server-watch", daemon=True).start()
+        from rich.markup import escape
+
+        from flows.apiauth import AUTH_FILE
+        from flows.production import Server, deploy_for_workers, ui_login_line, worker_commands
+
+        target = Server(server.api_url, "the local server this command started", server.home / AUTH_FILE)
+        if workers:
+            pool = deploy_for_workers(settings, target, lambda line: err.print(escape(line), highlight=False,
+                                                                               soft_wrap=True), check_served=False)
+            runs = (f"  runs:      on the work pool {pool!r}: start a worker (another terminal, or each machine's checkout):\n"
+                    + "".join(f"               {escape(line)}\n" for line in worker_commands(target, pool)))
+        else:
+            runs = f"  nightly:   nightly/nightly, cron '{nightly_cron()}' in {nightly_timezone()}\n"
         err.print(
             f"\n[bold]imagebench production mode[/]\n"
             f"  UI:        {server.ui_url}\n"
+            f"  UI login:  {escape(ui_login_line(target.auth_file))}\n"
             f"  API:       {server.api_url}\n"
-            f"  nightly:   nightly/nightly, cron '{nightly_cron()}' in {nightly_timezone()}\n"
+            f"{runs}"
             f"  backfill:  imagebench backfill --model M [--rejudge] [--wait]   (another terminal, same IMAGEBENCH_HOME)\n"
             f"             or the UI: {server.ui_url}/deployments -> score-model/backfill -> Run\n"
-            f"  stop:      Ctrl-C (stops the deployments, then the server)\n",
+            f"  stop:      Ctrl-C (stops {'the server; stop the workers too' if workers else 'the deployments, then the server'})\n",
             highlight=False, soft_wrap=True,
         )
+        if workers:
+            while True:  # until Ctrl-C / SIGTERM (_terminate) or the server's death (_watch)
+                time.sleep(3600)
         with temporary_settings(updates={PREFECT_API_URL: server.api_url}):
             serve_deployments(runner=runner)
     except KeyboardInterrupt:
@@ -549,37 +581,20 @@ def _serve_with_local_server(settings: Settings, port: int | None) -> None:
 # "<flow name>/<deployment name>" of flows/deployments.py (not imported here: it loads the flows).
 BACKFILL_DEPLOYMENT = "score-model/backfill"
 BACKFILL_POLL_S = 2.0
-LOCAL_SERVER_SOURCE = "the local server of `make serve`"  # where server_api_url found the API
 
 
 def server_api_url(settings: Settings) -> tuple[str | None, str]:
-    """The Prefect API a backfill goes to, and where that came from; (None, "") in embedded mode.
-
-    In order: PREFECT_API_URL (environment, or the active Prefect profile), then the local server
-    that `imagebench serve --local-server` (`make serve`) is running for this workspace.
-    """
-    from flows.warm import embedded_api_url
-
-    embedded = embedded_api_url()  # a warm command's API is the embedded one, not a server
-    url = os.environ.get("PREFECT_API_URL", "").strip()
-    if url and url != embedded:
-        return url, "PREFECT_API_URL"
-    from prefect.settings import get_current_settings
-
-    url = (get_current_settings().api.url or "").strip()
-    if url and url != embedded:
-        return url, "PREFECT_API_URL in the Prefect settings"
+    """The Prefect API a backfill goes to, and where that came from; (None, "") in embedded mode
+    (flows/production.py ``find_server``: PREFECT_API_URL, else the local server of `make serve`)."""
     from rich.markup import escape
 
-    from flows.server import API_URL_FILE, server_home, use_recorded_api
+    from flows.production import find_server
 
     # A file whose port is not held by the `serve` that wrote it (killed with -9, the port then
     # anyone's) is removed, said in one line, and never sent a request (flows/server.py).
-    url = use_recorded_api(settings.home, say=lambda line: err.print(f"[yellow]{escape(line)}[/]", highlight=False,
-                                                                      soft_wrap=True))
-    if url:
-        return url, f"{LOCAL_SERVER_SOURCE}, {server_home(settings.home) / API_URL_FILE}"
-    return None, ""
+    server = find_server(settings, say=lambda line: err.print(f"[yellow]{escape(line)}[/]", highlight=False,
+                                                               soft_wrap=True))
+    return (server.api_url, server.source) if server else (None, "")
 
 
 def _flow_run_url(flow_run) -> str | None:
@@ -658,14 +673,16 @@ def backfill_on_server(
             return
         import time
 
+        from flows.production import LOCAL_SERVER_SOURCE
         from flows.server import recorded_server_problem
 
+        local_server = source.startswith(LOCAL_SERVER_SOURCE)  # where find_server found it
         seen = None
         try:
             while True:
                 # The local server of `make serve` may stop while we wait, and its port be taken by
                 # someone else: checked again before each request that carries its secret.
-                problem = recorded_server_problem(settings.home) if source.startswith(LOCAL_SERVER_SOURCE) else None
+                problem = recorded_server_problem(settings.home) if local_server else None
                 if problem is not None:
                     raise CliError(f"stopped waiting for flow run {flow_run.id}: {problem}; nothing more was sent there")
                 flow_run = client.read_flow_run(flow_run.id)

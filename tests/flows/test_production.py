@@ -93,3 +93,194 @@ def test_no_telemetry_notice_on_a_terminal(tmp_path):
         outputs[case] = out
     assert NOTICE in outputs["user opts in"], outputs["user opts in"]
     assert NOTICE not in outputs["default"], outputs["default"]
+
+
+# ---- the work pool and its workers, as the README says --------------------------------------
+
+MODEL = "m-worker"
+POOL = "imagebench-gpu"
+
+
+def _client(api_url: str, auth: str | None):
+    from contextlib import ExitStack
+
+    from prefect.client.orchestration import get_client
+    from prefect.settings import PREFECT_API_AUTH_STRING, PREFECT_API_URL, temporary_settings
+
+    stack = ExitStack()
+    stack.enter_context(temporary_settings(updates={PREFECT_API_URL: api_url, PREFECT_API_AUTH_STRING: auth}))
+    return stack, stack.enter_context(get_client(sync_client=True))
+
+
+def _wait_for(predicate, timeout: float, what: str, proc: subprocess.Popen, log: Path):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            pytest.fail(f"process exited ({proc.returncode}) while waiting for {what}:\n{log.read_text(errors='replace')}")
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.5)
+    pytest.fail(f"timed out after {timeout:.0f} s waiting for {what}:\n{log.read_text(errors='replace')}")
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    """SIGTERM to the process group it leads (a worker's flow runs, a server), SIGKILL past 60 s."""
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+
+
+def _start(cmd: list[str], env: dict[str, str], cwd: Path, log: Path) -> subprocess.Popen:
+    with open(log, "wb") as out:
+        return subprocess.Popen(cmd, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+
+
+def _banner_commands(text: str) -> list[str]:
+    """The worker's shell lines the banner prints under `runs:`."""
+    runs = text[text.index("  runs:"):text.index("  backfill:")]
+    return [line.strip() for line in runs.splitlines()[1:] if line.strip()]
+
+
+@pytest.mark.slow
+def test_workers_run_a_backfill_as_the_readme_says(workspace, tmp_path):
+    """README, production mode, workers: `imagebench serve --local-server --workers` (a fresh
+    workspace, no PREFECT_* exported) starts the server, creates the work pool `imagebench-gpu`
+    (type process) and registers prefect.yaml's deployments on it; the banner says where the UI's
+    password is and how to start a worker; those lines, pasted into a shell, start Prefect's
+    worker, and `imagebench backfill --model M --wait` completes on it with the tiny model, into
+    the workspace's lake. `imagebench deploy` on the same server finds the pool there and deploys
+    again; while a plain `imagebench serve` serves the same names, it is refused (the two would
+    race for every run)."""
+    from flows.server import free_port
+    from schemas.settings import load_settings
+    from tasks.lake.tables import Lake
+    from tests.flows.test_serve import _synthetic_reference
+
+    (tmp_path / "user-home").mkdir()
+    port = free_port()
+    api = f"http://127.0.0.1:{port}/api"
+    secret_file = workspace / "prefect-server" / "api-auth"
+    env = _user_env(tmp_path, IMAGEBENCH_PREFECT_PORT=str(port), IMAGEBENCH_WARM="off")
+    serve_log = tmp_path / "serve.log"
+    serve = _start(_imagebench("serve", "--local-server", "--workers"), env, tmp_path, serve_log)
+    worker = None
+    try:
+        _synthetic_reference("t1")  # while the server starts
+        put_model(workspace / "objects", MODEL, eligible_ids()[:5], seed=7)
+        banner = _wait_for(lambda: (lambda t: t if "  stop:" in t else None)(serve_log.read_text(errors="replace")),
+                           300, "the banner of `serve --local-server --workers`", serve, serve_log)
+        secret = secret_file.read_text().strip()
+        assert secret and secret not in banner
+        # How to log in to the UI: where the password is and a command that prints it.
+        login = next(line for line in banner.splitlines() if "UI login:" in line)
+        assert str(secret_file.resolve()) in login and f"cat {secret_file.resolve()}" in login, banner
+        assert f"created the work pool '{POOL}' (type process" in banner, banner
+
+        # Through the API, with the secret: the pool and both deployments on it.
+        stack, client = _client(api, secret)
+        try:
+            pool = client.read_work_pool(POOL)
+            assert pool.type == "process"
+            for name in ("nightly/nightly", "score-model/backfill"):
+                d = client.read_deployment_by_name(name)
+                assert d.work_pool_name == POOL and d.entrypoint.startswith("flows/pipeline.py:")
+                # prefect.yaml's {{ $VAR }} filled in from the workspace's settings, never left literal.
+                assert d.job_variables["env"] == {"IMAGEBENCH_HOME": str(workspace.resolve()), "IMAGEBENCH_STORE": "",
+                                                  "IMAGEBENCH_S3_ENDPOINT": ""}, d.job_variables
+            nightly = client.read_deployment_by_name("nightly/nightly")
+            (schedule,) = nightly.schedules
+            assert schedule.active and not nightly.paused
+        finally:
+            stack.close()
+        import httpx
+
+        no_secret = httpx.post(f"{api}/work_pools/filter", json={}, timeout=30)
+        assert no_secret.status_code == 401
+
+        # `imagebench deploy` finds the running server (its api-url file) and deploys again.
+        again = subprocess.run(_imagebench("deploy"), cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+        said = " ".join((again.stdout + again.stderr).split())
+        assert again.returncode == 0, said
+        assert f"work pool '{POOL}' exists (type process)" in said and f"on the work pool '{POOL}'" in said, said
+        assert f'export PREFECT_API_AUTH_STRING="$(cat {secret_file.resolve()})"' in said and secret not in said
+
+        # The banner's worker lines, as a user pastes them (outside the checkout; the worker's own
+        # IMAGEBENCH_HOME elsewhere: the deployment's wins).
+        lines = _banner_commands(banner)
+        assert lines[-1].endswith(f"prefect worker start --pool {POOL}") and lines[-1].startswith("umask 077;"), lines
+        worker_env = {**env, "IMAGEBENCH_HOME": str(tmp_path / "worker-own-home"), "PREFECT_WORKER_QUERY_SECONDS": "2"}
+        worker_log = tmp_path / "worker.log"
+        worker = _start(["bash", "-c", "\n".join(lines)], worker_env, tmp_path, worker_log)
+        t0 = time.monotonic()
+        done = subprocess.run(_imagebench("backfill", "--model", MODEL, "--wait", "--format", "json"), cwd=tmp_path,
+                              env=env, capture_output=True, text=True, timeout=600)
+        print(f"[prefect] backfill on the worker took {time.monotonic() - t0:.1f}s")
+        assert done.returncode == 0, done.stdout + done.stderr + worker_log.read_text(errors="replace")
+        assert f"production mode: Prefect server at {api} (from the local server of `make serve`" in done.stderr
+        flow_run_id = re.search(r"flow run \S+ \(([0-9a-f-]{36})\)", done.stderr).group(1)
+        (row,) = json.loads(done.stdout[done.stdout.index("["):])
+        assert row["model_id"] == MODEL and row["eps_prompts_scored"] == 5
+        (scores,) = [r for r in Lake(load_settings().lake_dir).read("model_scores", [MODEL]).to_pylist()
+                     if r["run_id"] == flow_run_id]
+        assert scores["reference_version"] == "t1"
+        assert "worker" in worker_log.read_text(errors="replace").lower()
+        assert not (tmp_path / "worker-own-home").exists()
+    finally:
+        if worker is not None:
+            _stop(worker)
+        _stop(serve)
+    assert serve.returncode == 0, serve_log.read_text(errors="replace")
+    assert "Prefect server stopped" in serve_log.read_text()
+
+    # A plain `imagebench serve` (make serve) serves the same names from its own process: deploying
+    # them for workers now would make its runner race the workers. Refused, saying what to do.
+    plain_log = tmp_path / "serve-plain.log"
+    plain = _start(_imagebench("serve", "--local-server"), env, tmp_path, plain_log)
+    try:
+        from datetime import datetime, timezone
+
+        started = datetime.now(timezone.utc)
+
+        def served():
+            try:
+                stack, client = _client(api, secret_file.read_text().strip())
+            except Exception:  # noqa: BLE001 - not up yet
+                return False
+            try:
+                d = client.read_deployment_by_name("score-model/backfill")
+                return d.work_pool_name is None and d.last_polled is not None and d.last_polled > started
+            except Exception:  # noqa: BLE001
+                return False
+            finally:
+                stack.close()
+
+        _wait_for(served, 300, "the plain serve's deployments", plain, plain_log)
+        refused = subprocess.run(_imagebench("deploy"), cwd=tmp_path, env=env, capture_output=True, text=True,
+                                 timeout=300)
+        said = " ".join(refused.stderr.split())
+        assert refused.returncode == 1 and "served by a running `imagebench serve`" in said, said
+        assert "--workers" in said
+        # The plain serve took the deployments back from the pool, saying so (no race the other way either).
+        assert "removed the work-pool deployments nightly/nightly" in " ".join(plain_log.read_text().split())
+    finally:
+        _stop(plain)
+
+
+def test_deploy_without_a_server_says_how_to_start_one(tmp_path):
+    """Embedded mode (no PREFECT_API_URL, no `make serve` running): one line, exit 1, nothing made."""
+    env = _user_env(tmp_path, IMAGEBENCH_HOME=str(tmp_path / "data"), IMAGEBENCH_WARM="off")
+    (tmp_path / "user-home").mkdir()
+    done = subprocess.run(_imagebench("deploy"), cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240)
+    said = " ".join(done.stderr.split())
+    assert done.returncode == 1 and "no Prefect server to deploy to" in said, said
+    assert "imagebench serve --local-server --workers" in said and "PREFECT_API_URL" in said
+    assert not (tmp_path / "data" / "prefect-server").exists()
+    wrong = subprocess.run(_imagebench("serve", "--workers"), cwd=tmp_path, env=env, capture_output=True, text=True,
+                           timeout=240)
+    assert wrong.returncode == 1 and "--workers goes with --local-server" in " ".join(wrong.stderr.split()), wrong.stderr

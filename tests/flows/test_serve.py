@@ -248,7 +248,9 @@ def test_prefect_yaml_matches_the_flows_and_deployments_py():
     for name, d in by_name.items():
         assert d["entrypoint"] == expected[name]
         assert d["work_pool"]["name"] == deployments.WORK_POOL == "imagebench-gpu"
-        assert d["work_pool"]["job_variables"]["env"]["IMAGEBENCH_DEVICE"] == "cuda"
+        # The device is the worker machine's (its environment; `auto`: its GPU when it has one).
+        assert set(d["work_pool"]["job_variables"]["env"]) == {"IMAGEBENCH_HOME", "IMAGEBENCH_STORE",
+                                                              "IMAGEBENCH_S3_ENDPOINT"}
         assert "imagebench" in d["tags"]
         names = _flow_signature_names(d["entrypoint"])
         assert set(d.get("parameters") or {}) <= names, (name, d.get("parameters"), names)
@@ -392,7 +394,7 @@ def test_prefect_yaml_deploys_to_the_work_pool(prefect_server, tmp_path):
         ]
         assert d.job_variables["env"] == {
             "IMAGEBENCH_HOME": "/srv/imagebench/data", "IMAGEBENCH_STORE": "s3://bench/images",
-            "IMAGEBENCH_S3_ENDPOINT": "", "IMAGEBENCH_DEVICE": "cuda",
+            "IMAGEBENCH_S3_ENDPOINT": "",
         }
         assert "imagebench" in d.tags and d.enforce_parameter_schema
     assert nightly.entrypoint == "flows/pipeline.py:nightly_flow"
@@ -412,8 +414,8 @@ def test_prefect_yaml_backfill_runs_on_a_process_worker(prefect_server, workspac
     the flow scores the model into the lake named by the run's environment.
 
     The deployment's `env` (filled in at deploy time) wins over the worker's environment, and the
-    run overrides one key of it the way the UI's custom run does: IMAGEBENCH_DEVICE=cuda
-    (prefect.yaml) becomes cpu on this machine without a GPU."""
+    run adds one key to it the way the UI's custom run does (IMAGEBENCH_DEVICE=cpu): merged key by
+    key, the deployed IMAGEBENCH_HOME stays."""
     from schemas.settings import load_settings
     from tasks.lake.tables import Lake
     from tasks.scores.suite import load_suite
@@ -512,6 +514,9 @@ def test_local_server_stops_on_sigterm(prefect_server, workspace, tmp_path):
         text = log.read_text()
         assert "PREFECT_API_URL=http://127.0.0.1:9/api is set, but --local-server" in text
         assert f"UI:        http://127.0.0.1:{port}" in text and "imagebench backfill --model M" in text
+        # How to log in to the UI: the secret's file and a command that prints it, never the secret (issue 26 item 6).
+        assert f"UI login:  the password Prefect's login page asks for is the secret in {home.resolve() / 'api-auth'}" in text
+        assert f"`cat {home.resolve() / 'api-auth'}` prints it" in text and secret() not in text
         servers = [p for p in psutil.Process(proc.pid).children(recursive=True)
                    if "prefect.server.api.server:create_app" in p.cmdline()]
         assert len(servers) == 1, [p.cmdline() for p in psutil.Process(proc.pid).children(recursive=True)]
