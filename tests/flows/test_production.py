@@ -284,3 +284,47 @@ def test_deploy_without_a_server_says_how_to_start_one(tmp_path):
     wrong = subprocess.run(_imagebench("serve", "--workers"), cwd=tmp_path, env=env, capture_output=True, text=True,
                            timeout=240)
     assert wrong.returncode == 1 and "--workers goes with --local-server" in " ".join(wrong.stderr.split()), wrong.stderr
+
+
+@pytest.mark.slow
+def test_the_ui_logs_in_with_the_secret_in_api_auth(tmp_path):
+    """What docs/OPERATIONS.md says of the UI of `make serve` ("Logging in to the UI"), in Chromium:
+    the first visit lands on Prefect's login page with "Authentication failed." (and its Prefect
+    Cloud advert); a wrong password stays there; the content of `<home>/api-auth`, typed as the
+    password, opens the dashboard."""
+    from tests.tasks.report_helpers.browser import chromium_driver, find_browser
+
+    if isinstance(find_browser(), str):
+        pytest.skip(find_browser())
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions as ec
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    from flows.server import LocalServer, free_port
+
+    server = LocalServer(host="127.0.0.1", port=free_port(), home=tmp_path / "prefect-server")
+    server.start()
+    try:
+        secret = (server.home / "api-auth").read_text().strip()
+        with chromium_driver() as driver:
+            wait = WebDriverWait(driver, 60)
+
+            def log_in(password: str) -> None:
+                field = wait.until(ec.element_to_be_clickable((By.CSS_SELECTOR, "input[type=password]")))
+                field.clear()
+                field.send_keys(password)
+                driver.find_element(By.XPATH, "//button[normalize-space()='Login']").click()
+
+            driver.get(f"{server.ui_url}/dashboard")
+            wait.until(lambda d: "/login" in d.current_url and "Authentication failed." in d.page_source)
+            assert "Prefect Cloud" in driver.find_element(By.TAG_NAME, "body").text  # Prefect's own page
+            refused = driver.page_source.count("Authentication failed.")
+            log_in("admin:pass")  # the field's placeholder, not our secret: refused once more
+            wait.until(lambda d: d.page_source.count("Authentication failed.") > refused)
+            assert "/login" in driver.current_url
+            log_in(secret)
+            wait.until(lambda d: "/login" not in d.current_url)
+            wait.until(lambda d: "Work Pools" in d.find_element(By.TAG_NAME, "body").text)
+            assert driver.current_url.endswith("/dashboard")
+    finally:
+        server.stop()
