@@ -129,9 +129,9 @@ SERVED_POLL_WINDOW_S = 30.0  # a runner polls its deployments every 10 s (PREFEC
 
 def served_by_runner(client, names: list[str]) -> list[str]:
     """Those of ``names`` ("flow/deployment") an ``imagebench serve`` process serves right now: no
-    work pool, status READY and polled within the last :data:`SERVED_POLL_WINDOW_S`. A work-pool
-    deployment of the same name would share its id, and that process's runner would race the
-    pool's workers for every run."""
+    work pool, not paused (a `serve` that stops pauses them), status READY and polled within the
+    last :data:`SERVED_POLL_WINDOW_S`. A work-pool deployment of the same name would share its id,
+    and that process's runner would race the pool's workers for every run."""
     from datetime import datetime, timedelta, timezone
 
     from prefect.client.schemas.objects import DeploymentStatus
@@ -144,7 +144,7 @@ def served_by_runner(client, names: list[str]) -> list[str]:
             deployment = client.read_deployment_by_name(name)
         except ObjectNotFound:
             continue
-        if (not deployment.work_pool_name and deployment.status == DeploymentStatus.READY
+        if (not deployment.work_pool_name and not deployment.paused and deployment.status == DeploymentStatus.READY
                 and deployment.last_polled is not None and deployment.last_polled > recent):
             served.append(name)
     return served

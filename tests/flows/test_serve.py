@@ -375,6 +375,35 @@ def test_backfill_through_served_deployment(prefect_server, workspace, tmp_path,
     assert serve.returncode == 0, _tail(log)
 
 
+def test_imagebench_deploy_on_a_server_of_ones_own(prefect_server, workspace, tmp_path):
+    """README, workers on a server of one's own: `imagebench deploy` with PREFECT_API_URL set (the
+    module's server, no auth: a user's own server) creates the pool `imagebench-gpu` (type process)
+    if missing and registers prefect.yaml's deployments, prefect.yaml's `{{ $VAR }}` filled in from
+    the workspace's settings. Right after the `serve` of the test above stopped (its deployments
+    paused), nothing serves them: not refused. The worker lines name no secret file."""
+    api = _ready(prefect_server).api_url
+    store = tmp_path / "objects-elsewhere"
+    env = _env(tmp_path, api, IMAGEBENCH_STORE=str(store), IMAGEBENCH_S3_ENDPOINT="")
+    done = subprocess.run(_cmd("deploy"), cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    said = " ".join(done.stderr.split())
+    assert done.returncode == 0, said
+    assert f"Prefect server at {api} (from PREFECT_API_URL)" in said
+    assert ("created the work pool 'imagebench-gpu' (type process" in said
+            or "work pool 'imagebench-gpu' exists (type process)" in said), said
+    assert f"export PREFECT_API_URL={api} IMAGEBENCH_CHECKOUT={REPO}" in said and "PREFECT_API_AUTH_STRING" not in said
+    assert "prefect worker start --pool imagebench-gpu" in said
+    client = _client(api)
+    try:
+        assert client.read_work_pool("imagebench-gpu").type == "process"
+    finally:
+        _close(client)
+    for name in ("nightly/nightly", "score-model/backfill"):
+        d = _read_deployment(api, name)
+        assert d.work_pool_name == "imagebench-gpu" and d.entrypoint.startswith("flows/pipeline.py:")
+        assert d.job_variables["env"] == {"IMAGEBENCH_HOME": str(workspace.resolve()), "IMAGEBENCH_STORE": str(store),
+                                          "IMAGEBENCH_S3_ENDPOINT": ""}
+
+
 def test_prefect_yaml_deploys_to_the_work_pool(prefect_server, tmp_path):
     """`prefect --no-prompt deploy --all` registers both deployments of prefect.yaml, offline."""
     from flows.deployments import DEFAULT_NIGHTLY_CRON, DEFAULT_NIGHTLY_TZ
