@@ -179,6 +179,16 @@ def _open_private(path: Path) -> int:
     return fd
 
 
+def _private_folder(folder: Path) -> Path:
+    """``folder`` and its parent made 0700 (whatever the umask; another account cannot reach the
+    slot files, where a read-only descriptor would let it hold a lock)."""
+    for d in (folder.parent, folder):
+        d.mkdir(mode=0o700, parents=True, exist_ok=True)
+        if d.stat().st_mode & 0o077 and d.stat().st_uid == os.getuid():
+            os.chmod(d, 0o700)
+    return folder
+
+
 def _boot_id() -> str:
     # CLOCK_MONOTONIC (time.monotonic) is one clock for every process of a boot; a state written
     # before a reboot holds times of another clock and is dropped.
@@ -332,8 +342,7 @@ class EndpointLimiter:
         self._lock = threading.Lock()
         self._file_slots: _FileSlots | None = None
         if scope.kind == "files":
-            folder = Path(scope.directory) / "judge-limits" / self.key  # type: ignore[arg-type]
-            folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+            folder = _private_folder(Path(scope.directory) / "judge-limits" / self.key)  # type: ignore[arg-type]
             self._state: _MemoryState | _FileState = _FileState(folder / "rate.json")
             self._file_slots = _FileSlots(folder, limits.concurrency)
         else:

@@ -99,8 +99,9 @@ class _Held:
     """One slot of the global limit, held by a thread of its own (sync ``concurrency``) until
     :meth:`give_up`; its lease is renewed by Prefect meanwhile."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, on_exit=None) -> None:
         self.granted: concurrent.futures.Future = concurrent.futures.Future()
+        self._on_exit = on_exit  # called once the slot is given back (or was never granted)
         self.idle_since: float | None = None
         self.wake = threading.Event()
         self.leave = False
@@ -126,6 +127,9 @@ class _Held:
         except BaseException as exc:  # noqa: BLE001 - the asking request gets the error
             if not self.granted.done():
                 self.granted.set_exception(exc)
+        finally:
+            if self._on_exit is not None:
+                self._on_exit(self)
 
     def give_up(self) -> None:
         self.leave = True
@@ -149,15 +153,20 @@ class PrefectSlots:
                 if not held.leave:
                     held.idle_since = None
                     return held
-        held = _Held(self.name)
         with self._lock:
+            held = _Held(self.name, self._gone)
             self._all.add(held)
         try:
             return await asyncio.wrap_future(held.granted)
-        except BaseException:
-            with self._lock:
-                self._all.discard(held)
+        except asyncio.CancelledError:
+            if held.granted.done() and not held.granted.cancelled() and held.granted.exception() is None:
+                self.give_back(held)  # granted as the request was cancelled: idle, then back to the server
             raise
+
+    def _gone(self, held: _Held) -> None:
+        """A holder thread ended: its slot is back (or was never granted)."""
+        with self._lock:
+            self._all.discard(held)
 
     def give_back(self, held: _Held) -> None:
         """The request is done: the slot waits LINGER_S for the next request of the process."""
@@ -173,13 +182,13 @@ class PrefectSlots:
             if held.idle_since != since or held not in self._idle:
                 return  # claimed again meanwhile
             self._idle.remove(held)
-            self._all.discard(held)
-        held.give_up()
+        held.give_up()  # stays in _all until its thread has given the slot back (close() waits for it)
 
     def close(self, wait_s: float = 5.0) -> None:
-        """Give every held slot back (at exit: a slot left to its lease would block others for a minute)."""
+        """Give every held slot back and wait for it (at exit: a slot left to its lease would
+        block others for a minute)."""
         with self._lock:
-            held, self._idle, self._all = list(self._all), [], set()
+            held, self._idle = list(self._all), []
         for h in held:
             h.give_up()
         deadline = time.monotonic() + wait_s

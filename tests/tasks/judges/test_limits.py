@@ -262,3 +262,25 @@ def test_permits_are_shared_by_event_loops_and_survive_cancelled_waiters() -> No
     assert peak[0] <= 2 and held[0] == 0
     asyncio.run(asyncio.wait_for(permits.acquire(), 5))  # nothing leaked: both permits are free
     asyncio.run(asyncio.wait_for(permits.acquire(), 5))
+
+
+def test_another_local_account_cannot_hold_an_endpoints_slots(other_user, reachable_tmp) -> None:
+    """A lab's shared machine: the lock files live in a folder only their owner enters, even when
+    the scope's folder is one everybody can reach (a flock needs only a read-only descriptor)."""
+    from schemas.judges import Endpoint
+
+    from tests.otheruser import umask
+
+    ep = Endpoint(backend="openai", base_url="http://127.0.0.1:9/v1", model="m", concurrency=2, requests_per_minute=60)
+    with umask(0o022):
+        limiter = limiter_for("alpha", ep, LimitScope("files", str(reachable_tmp)), "http://127.0.0.1:9/v1")
+        limiter.pause(0.01)  # writes rate.json
+    folder = reachable_tmp / "judge-limits" / limiter.key
+    files = sorted(folder.iterdir())
+    assert [p.name for p in files] == ["rate.json", "slot-0", "slot-1"]
+    assert (reachable_tmp / "judge-limits").stat().st_mode & 0o777 == 0o700
+    assert all(p.stat().st_mode & 0o777 == 0o600 for p in files)
+    attack = other_user.run("import fcntl, sys\nheld = 0\nfor p in sys.argv[1:]:\n    try:\n"
+                            "        fcntl.flock(open(p, 'rb'), fcntl.LOCK_EX | fcntl.LOCK_NB)\n        held += 1\n"
+                            "    except OSError:\n        pass\nprint(held)\n", *map(str, files))
+    assert attack.returncode == 0 and attack.stdout.strip() == "0", attack.stderr
