@@ -284,3 +284,22 @@ def test_another_local_account_cannot_hold_an_endpoints_slots(other_user, reacha
                             "        fcntl.flock(open(p, 'rb'), fcntl.LOCK_EX | fcntl.LOCK_NB)\n        held += 1\n"
                             "    except OSError:\n        pass\nprint(held)\n", *map(str, files))
     assert attack.returncode == 0 and attack.stdout.strip() == "0", attack.stderr
+
+
+def test_tokens_are_estimated_from_the_endpoints_usage_and_charged_what_was_used(make_item) -> None:
+    # The fake reports usage 321 prompt + 12 completion tokens per answer.
+    items = [make_item(prompt=f"a fox {i}") for i in range(3)]
+    with FakeOpenAI(responder=lambda r: Reply(text=PASS_TEXT)) as srv:
+        ep = endpoint(srv, concurrency=1, tokens_per_minute=60_000, max_tokens=16)
+        t0 = time.monotonic()
+        run = judge_items(items, make_routing("alpha", None), config(alpha=ep), retry=FAST)
+        elapsed = time.monotonic() - t0
+        limiter = limiter_for("alpha", ep, None, srv.base_url)
+    assert run.verdicts["verdict"].to_pylist() == ["PASS"] * 3
+    assert limiter.estimate_tokens(16) == 16 + 321  # max_tokens plus the largest prompt reported
+    # One at a time: the first request was charged 16 (no prompt seen yet) and used 333, 317 owed;
+    # the next two were charged 337 each (more than they used: nothing back). The bucket (60,000,
+    # refilled at 1,000 a second meanwhile) is down by 1,007, less what refilled during the run.
+    state = limiter._state.transact(lambda s, now: (s, s))
+    spent = 60_000 - state.tokens.level
+    assert 1_007 - 1_000 * elapsed - 1 <= spent <= 1_007 + 1e-6
