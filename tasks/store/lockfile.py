@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import json
 import logging
 import os
@@ -34,8 +35,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-
-import fcntl
 
 logger = logging.getLogger(__name__)
 

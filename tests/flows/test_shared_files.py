@@ -311,6 +311,14 @@ def test_the_share_group_reads_the_lake_and_catalog_and_nothing_else(lab, other_
     assert stat.S_IMODE(os.stat(lab.home).st_mode) == 0o700
 
 
+def test_a_share_group_that_does_not_exist_is_refused_in_one_line(lab):
+    r = lab.run("runs", IMAGEBENCH_SHARE_GROUP="ibnosuchgroup")
+    assert r.returncode == 1
+    lines = [line for line in r.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "IMAGEBENCH_SHARE_GROUP=ibnosuchgroup" in lines[0] and "no such group" in lines[0], r.stderr
+    assert stat.S_IMODE(os.stat(lab.home).st_mode) == 0o700  # nothing opened
+
+
 def test_a_warm_command_makes_private_files_too(lab):
     """A warm command is a fork of the warm server: it has the server's umask, not its client's."""
     import tempfile
