@@ -43,8 +43,10 @@ def _cmd(*args: str) -> list[str]:
 
 def _env(tmp_path: Path, api_url: str | None, **extra: str) -> dict[str, str]:
     """The test's environment (IMAGEBENCH_* of the workspace included), pointed at ``api_url``."""
-    env = dict(os.environ)
-    env.pop("PREFECT_API_URL", None)
+    # Earlier in-process commands of this worker export the workspace's Prefect settings into
+    # os.environ (flows/env.py): a spawned command picks its own, as on a terminal.
+    leaked = ("PREFECT_HOME", "PREFECT_API_URL", "PREFECT_API_AUTH_STRING", "PREFECT_SERVER_API_AUTH_STRING")
+    env = {k: v for k, v in os.environ.items() if k not in leaked}
     if api_url:
         env["PREFECT_API_URL"] = api_url
     env.update(
