@@ -44,6 +44,10 @@ def isolate_aws_env(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
 # Every command the tests spawn runs cold: a warm server (flows/warm.py) per test workspace would
 # outlive its test. The tests of the warm server turn it on themselves.
 os.environ["IMAGEBENCH_WARM"] = "off"
+# A terminal's width is a fact of the machine that runs the suite (a CI runner may export COLUMNS=80):
+# tables are printed as in a pipe of no stated width. A test of a given width sets its own.
+os.environ.pop("COLUMNS", None)
+os.environ.pop("LINES", None)
 # The suite's own process makes files as an imagebench process does (umask 077: tasks/store/private.py),
 # so a workspace a test builds in-process is as private as one a command builds (not closed, with a
 # line said, by the first command run on it). The shared-server tests run their commands under

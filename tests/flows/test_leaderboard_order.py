@@ -34,6 +34,7 @@ def _workspace(home, monkeypatch) -> None:
 
 def test_default_order_is_the_headline_figure_with_the_band_beside_it(tmp_path, monkeypatch):
     _workspace(tmp_path / "home", monkeypatch)
+    monkeypatch.setenv("COLUMNS", "100")  # the width the table is made to fit (a narrower one folds cells)
     r = invoke("leaderboard", "--format", "json")
     assert r.exit_code == 0, r.output
     rows = json.loads(r.stdout)
