@@ -287,9 +287,12 @@ def compare_requests(theirs: dict[str, list[RecordedRequest]], ours: dict[str, l
         if script is None or len(sent) == 1 or sum(p[0] == "image" for p in content(sent[0])) < 3:
             continue  # 2 images: two trials may be shown in the same order, two requests of their own
         least = least_waits([script.reply(r, key, k)[1] for k, r in enumerate(sent)])
-        for side in (sent, got):
+        for who, side in (("eval.py", sent), ("imagebench", got)):
             waits = [y.t - x.t for x, y in zip(side, side[1:])]
-            assert all(w >= m for w, m in zip(waits, least)), (waits, least, describe(sent))
+            # Compared largest to largest: a try the loopback loses under load (the client's own
+            # retry, unseen by the server) shifts which request a wait precedes, never the waits.
+            assert all(w >= m for w, m in zip(sorted(waits, reverse=True), sorted(least, reverse=True))), \
+                (who, waits, least, describe(sent))
 
 
 # ---- the runs -----------------------------------------------------------------------------------
