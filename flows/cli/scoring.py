@@ -362,7 +362,7 @@ def demo() -> None:
         from flows.demo import print_next_steps, run_demo
 
         run_demo(err, progress, nightly_line)
-        leaderboard(fmt=OutputFormat.table, sort="rank")
+        leaderboard(fmt=OutputFormat.table, sort="overall")
         print_next_steps(err)  # the exact commands to paste: `make demo` cannot put .venv/bin on PATH
 
 

@@ -34,8 +34,9 @@ from urllib.parse import quote
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
 from markupsafe import Markup
 
-from tasks.report.model import GroupScore, ImageRow, LeaderboardRow, ReportData, finite
+from tasks.report.model import GroupScore, ImageRow, LeaderboardRow, ReportData
 from tasks.scores import display  # the one number style of the terminal and the pages (docs/REPORT.md)
+from tasks.scores.display import finite
 from tasks.report.svg import HeatCol, HeatRow, ScatterPoint, heatmap, scatter
 
 __all__ = ["MARKER", "ReportError", "build_report", "page_name"]

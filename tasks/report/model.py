@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -99,17 +98,6 @@ class ReportData:
         (``<script>`` in a rationale and a prompt). With ``image_dir``, writes small PNGs there
         (one deliberately unreadable) and points the image rows at them."""
         return _example(cls, image_dir)
-
-
-def finite(x: float | None) -> float | None:
-    """``None`` for None/NaN/inf, else the float."""
-    if x is None:
-        return None
-    try:
-        x = float(x)
-    except (TypeError, ValueError):
-        return None
-    return x if math.isfinite(x) else None
 
 
 # ---------------------------------------------------------------------------------------------
