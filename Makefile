@@ -63,7 +63,7 @@ demo: setup
 # their own (servers, commands), so two share 2 cores well. TEST_WORKERS=0 runs them in this process.
 TEST_WORKERS ?= 2
 test: setup
-	$(VENV)/bin/pytest -q $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
+	$(VENV)/bin/pytest -q --durations=15 $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
 
 # The tests that compare numbers produced by torch, again on the kernels every x86-64 CPU has and one
 # thread (.ci/run): a test that only holds on the developer's CPU (MKL picks AMX, AVX-512 or AVX2 by
