@@ -14,7 +14,8 @@ written it is verified whole:
   per judge and image, answered at or after shown, a ``qc_flag`` its quality settings define).
 
 Then the study gets its folder (``study.yaml`` built from ``study.json``, the bundle's
-pre-registration byte for byte and pinned, a marker ``imported-bundle.json``) and its answers go to
+pre-registration byte for byte and pinned, its ``deviations.json`` byte for byte when it has one
+(an export of the imported study publishes them again), a marker ``imported-bundle.json``) and its answers go to
 the lake (``study_answers``, source ``import``, the bundle's judge ids and quality-control flags
 unchanged): `study analyze`,
 `study leaderboard`, `study export` and the report treat it as any study. No torch, Prefect or GX.
@@ -37,6 +38,7 @@ import yaml
 from pydantic import ValidationError
 
 from schemas.study import STUDY_ANSWERS, STUDY_ID_RE, PreRegistration, StudyDefinition
+from tasks.beauty.prereg import DEVIATIONS_FILE, parse_deviations
 
 IMPORTED_MARKER = "imported-bundle.json"
 JUDGE_ID_RE = re.compile(r"^[0-9a-f]{16,64}$")  # as expectations/study_answers.json requires
@@ -56,6 +58,7 @@ class Bundle:
     prereg: PreRegistration
     definition: dict  # study.json
     answers: pa.Table  # the bundle's answers.parquet
+    deviations_bytes: bytes | None = None  # deviations.json, checked (a bundle written before it has none)
 
 
 def _read_sums(path: Path) -> dict[str, str]:
@@ -125,7 +128,14 @@ def read_bundle(path: Path) -> Bundle:
     status = status_of(prereg, answers)
     if not status.preregistered:
         raise BundleError(f"{path}: refused: {status.note}")
-    return Bundle(path, sums_sha, prereg_bytes, prereg, definition, answers)
+    deviations = path / DEVIATIONS_FILE
+    deviations_bytes = deviations.read_bytes() if deviations.is_file() else None
+    if deviations_bytes is not None:
+        try:
+            parse_deviations(deviations_bytes, str(deviations), hashlib.sha256(prereg_bytes).hexdigest())
+        except ValueError as exc:
+            raise BundleError(str(exc)) from None
+    return Bundle(path, sums_sha, prereg_bytes, prereg, definition, answers, deviations_bytes)
 
 
 def _definition(bundle: Bundle, study_id: str) -> StudyDefinition:
@@ -230,10 +240,22 @@ def _write_study(bundle: Bundle, d: Path, definition: StudyDefinition, answers: 
     os.chmod(d / PREREG_FILE, 0o400)  # read-only, and private as the whole workspace (issue 24 item 2)
     with open(d / SUMS_FILE, "a", encoding="utf-8") as fh:
         fh.write(f"{hashlib.sha256(bundle.prereg_bytes).hexdigest()}  {PREREG_FILE}\n")
+    if bundle.deviations_bytes is not None:  # kept byte for byte: an export of this study writes them again
+        (d / DEVIATIONS_FILE).write_bytes(bundle.deviations_bytes)
     (d / IMPORTED_MARKER).write_text(json.dumps({
         "bundle": Path(path).name, "sha256sums_sha256": bundle.sums_sha256, "original_study_id": bundle.prereg.study_id,
         "imported_at": (now or datetime.now(UTC)).isoformat()}, indent=1) + "\n")
     write_study_partition(lake, "study_answers", definition.study_id, answers)
+
+
+def imported_deviations(study_dir: Path) -> list[dict] | None:
+    """The deviations a study imported from a bundle brought with it (issue 27 item 5: the bundle
+    publishes every look at the results before the close), oldest first; None for a study without
+    that record (a native study, or a bundle written before deviations were published)."""
+    f = Path(study_dir) / DEVIATIONS_FILE
+    if imported_from(study_dir) is None or not f.is_file():
+        return None
+    return parse_deviations(f.read_bytes(), str(f), None)
 
 
 def imported_from(study_dir: Path) -> dict | None:

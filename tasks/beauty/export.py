@@ -9,7 +9,8 @@
     preregistration.json            the pinned plan, byte for byte (when the study was opened; a
                                     plan of format /1 without its order seed, tasks/beauty/prereg.py)
     deviations.json                 every look at the results before the close, with its reason
-                                    (a study opened for the panel app; issue 27 item 5)
+                                    (a study opened for the panel app, or imported from a bundle
+                                    that carried one; issue 27 item 5)
     prompts.jsonl                   the prompt suite as pinned
     anonymity.json                  the lab's publication choices and the re-identification figures
     datasheet.md                    protocol, schema, panel composition, quality control, privacy
@@ -334,7 +335,7 @@ def export_study(settings, study_id: str, out: Path, choices: PublicationChoices
     unique on a published quasi-identifier set. Returns ``out``."""
     from tasks.beauty.prereg import DEVIATIONS_FILE, deviations_document, plan_time, public_preregistration, status_of
     from tasks.beauty.publish import SIMULATED_BANNER
-    from tasks.beauty.sources import load_study_context, panel_deviations
+    from tasks.beauty.sources import load_study_context, study_deviations
     from tasks.beauty.study import PREREG_FILE
     from tasks.beauty.tables import read_study_partition
     from tasks.lake.tables import Lake
@@ -406,7 +407,8 @@ def export_study(settings, study_id: str, out: Path, choices: PublicationChoices
             prereg_sha = hashlib.sha256(data).hexdigest()
             if redacted:
                 notes.append(redacted)
-        deviations = panel_deviations(ctx)  # looks at the results before the close (issue 27 item 5)
+        # Looks at the results before the close (issue 27 item 5): the panel's, or an imported study's bundle's.
+        deviations = study_deviations(ctx)
         if deviations is not None:
             (tmp / DEVIATIONS_FILE).write_bytes(deviations_document(deviations, prereg_sha))
         (tmp / "prompts.jsonl").write_text(

@@ -165,3 +165,40 @@ def deviations_document(deviations: list[dict], preregistration_sha256: str | No
            "deviations": [{"at": d["at"].astimezone(timezone.utc).isoformat(), "kind": d["kind"], "reason": d["reason"],
                            "answers_recorded": d["answers"], "by": d["by"]} for d in deviations]}
     return (json.dumps(doc, indent=1, sort_keys=True) + "\n").encode()
+
+
+def parse_deviations(data: bytes, where: str, preregistration_sha256: str | None) -> list[dict]:
+    """A bundle's deviations.json (what :func:`deviations_document` wrote) back as deviations, as
+    the panel store gives them (at, kind, reason, answers, by), so that a study imported from the
+    bundle publishes them again. ``ValueError`` naming ``where`` and the first fault: not that
+    format, a record of another pre-registration (``preregistration_sha256`` given: the bundle's),
+    or a deviation whose fields are missing or unpublishable."""
+    import json
+
+    from schemas.study import text_problem
+
+    try:
+        doc = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise ValueError(f"{where}: not JSON ({exc})") from None
+    if not isinstance(doc, dict) or doc.get("format") != DEVIATIONS_FORMAT or not isinstance(doc.get("deviations"), list):
+        raise ValueError(f"{where}: not a deviations record (format {DEVIATIONS_FORMAT} with a list of deviations)")
+    if preregistration_sha256 is not None and doc.get("preregistration_sha256") != preregistration_sha256:
+        raise ValueError(f"{where}: of another pre-registration (sha256 {str(doc.get('preregistration_sha256'))[:64]}, "
+                         f"the bundle's is {preregistration_sha256})")
+    out = []
+    for n, d in enumerate(doc["deviations"], 1):
+        fields = ("at", "kind", "reason", "by")
+        ok = isinstance(d, dict) and all(isinstance(d.get(k), str) and 0 < len(d[k]) <= REASON_MAX for k in fields) \
+            and type(d.get("answers_recorded")) is int and d["answers_recorded"] >= 0
+        try:
+            at = datetime.fromisoformat(d["at"]) if ok else None
+        except ValueError:
+            at = None
+        problem = next((p for p in (text_problem(d[k]) for k in fields[1:]) if p), None) if ok else None
+        if at is None or at.tzinfo is None or problem:
+            raise ValueError(f"{where}: deviation {n} is not a deviation (at with a UTC offset, kind, reason, "
+                             f"answers_recorded, by){': ' + problem if problem else ''}")
+        out.append({"at": at.astimezone(timezone.utc), "kind": d["kind"], "reason": d["reason"],
+                    "answers": d["answers_recorded"], "by": d["by"]})
+    return sorted(out, key=lambda d: d["at"])

@@ -121,6 +121,16 @@ def panel_deviations(ctx: StudyContext) -> list[dict] | None:
         store.dispose()
 
 
+def study_deviations(ctx: StudyContext) -> list[dict] | None:
+    """The study's deviations from the pre-registration, oldest first: its panel store's, or, for a
+    study imported from a bundle, the ones the bundle brought (tasks/beauty/bundles.py); None when
+    the study has neither (never opened for the panel app, imported from a bundle without them)."""
+    from tasks.beauty.bundles import imported_deviations
+
+    found = panel_deviations(ctx)
+    return found if found is not None else imported_deviations(ctx.study_dir)
+
+
 def collect_answers(settings, ctx: StudyContext) -> pa.Table:
     """The answers to analyse: the panel store's when it holds any, else what was imported (or
     simulated) into the lake. Refuses a study without answers."""

@@ -143,9 +143,9 @@ def build_study_pages(settings, out_dir: Path) -> list[StudyLink]:
             if shape is not None:  # the shape decision and the blinding report's figure (issue 27 item 7)
                 prereg_text += (f"; images {shape.shape} to {shape.aspect}: the picture's shape alone tells apart "
                                 f"{shape.tools_told_apart_by_shape} of {shape.tools} tools")
-            from tasks.beauty.sources import panel_deviations
+            from tasks.beauty.sources import study_deviations
 
-            looks = panel_deviations(ctx) or []
+            looks = study_deviations(ctx) or []  # an imported study's too: its bundle's
             if looks:  # a look at the results before the close (issue 27 item 5)
                 notes.append(f"deviation from the pre-registration: the results were looked at {len(looks)} time(s) "
                              f"before the panel closed (first {looks[0]['at']:%Y-%m-%d %H:%M} UTC, after "
