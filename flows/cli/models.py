@@ -16,19 +16,25 @@ models_app = typer.Typer(
     help="Models: list them (state, images, scored, retired); retire or unretire one.", no_args_is_help=True
 )
 
-TABLE_COLUMNS = ("model_id", "state", "in_store", "images", "scored", "complete", "eps", "capability", "retired")
+TABLE_COLUMNS = ("model_id", "state", "in_store", "images", "scored", "complete", "eps", "capability", "retired / skipped")
 
 
 def _store_models(settings, console) -> list[str] | None:
     """The store's model folders, or None (with a warning) when the store cannot be listed."""
+    return _open_store(settings, console)[1]
+
+
+def _open_store(settings, console):
+    """(the store, its model folders), or (None, None) with a warning when it cannot be listed."""
     from tasks.runs.units_ingest import open_configured_store
 
     try:
-        return open_configured_store(settings).list_models()
+        store = open_configured_store(settings)
+        return store, store.list_models()
     except Exception as exc:  # noqa: BLE001 - the lake still answers; say why the store column is empty
         console.print(f"[yellow]store {settings.store_uri} not listed ({type(exc).__name__}: {exc}): "
                       "lake only[/]", highlight=False, soft_wrap=True)
-        return None
+        return None, None
 
 
 @models_app.command("list")
@@ -36,15 +42,19 @@ def models_list(
     source: Annotated[Optional[str], typer.Option(help="object store URI to list (default: IMAGEBENCH_STORE)")] = None,
     fmt: Annotated[OutputFormat, typer.Option("--format")] = OutputFormat.table,
 ) -> None:
-    """Every model of the store and the lake: state (new, ingested, scored, retired), image
-    counts, whether it has a result under the reference in force, and its retirement."""
+    """Every model of the store and the lake: state (new, ingested, scored, retired, or "not a
+    model": a store folder the nightly skips, with its line), image counts, whether it has a
+    result under the reference in force, and its retirement."""
     with user_errors():
         settings = cli_settings()
         if source:
             settings = settings.model_copy(update={"store": source})
         from tasks.runs.models import LIST_COLUMNS, list_models
 
-        rows = list_models(settings, _store_models(settings, err))
+        store, names = _open_store(settings, err)
+        # A folder the nightly skips is listed as such, with its line (tasks.runs.models.nightly_skip).
+        folder_keys = None if store is None else (lambda m: [o.key for o in store.list_model_objects(m)])
+        rows = list_models(settings, names, folder_keys)
         if fmt is not OutputFormat.table:
             render(LIST_COLUMNS, [[r[c] for c in LIST_COLUMNS] for r in rows], fmt, title="imagebench models")
             warn_uncalibrated(any(r["uncalibrated"] for r in rows), fmt)
@@ -52,7 +62,7 @@ def models_list(
         table = []
         for r in rows:
             retired = (f"{r['retired_at']:%Y-%m-%d %H:%M} by {r['retired_by']}: {r['retired_reason']}"
-                       if r["retired"] else "")
+                       if r["retired"] else f"skipped by the nightly: {r['skipped_reason']}" if r["skipped_reason"] else "")
             table.append([
                 r["model_id"], r["state"], "" if r["in_store"] is None else r["in_store"],
                 f"{r['images_ok']} ok / {r['images_quarantined']} quarantined / {r['images_missing']} missing",

@@ -12,6 +12,8 @@ Plain functions over the lake and the object store (no Prefect, torch or Great E
   files): the nightly skips it with that line, ``score`` refuses it with it.
 * ``retire`` / ``unretire``: append a ``model_events`` row (who, when, why); the leaderboard view
   and the nightly honour the latest event of each model; nothing is deleted.
+* ``nightly_skip``: the line the nightly skips a store folder with (empty, or :func:`not_a_model`
+  and never ingested); ``list_models`` shows the same line, state "not a model".
 * ``list_models``: store + lake + events, one row per model.
 * ``quarantine_lines``: why each of a model's objects was quarantined (every ingesting command
   prints them).
@@ -25,7 +27,7 @@ import difflib
 import getpass
 import socket
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -100,6 +102,31 @@ def not_a_model(model_id: str, keys: Sequence[str], suite_version: str, suites: 
     n = len(keys)
     return (f"{folder} is not a model of {suite_version}: none of its {n} object{'s' if n != 1 else ''} is an image "
             f"for one of its prompts ({'; '.join(parts)})")
+
+
+def ever_ingested(lake: Lake, model_id: str) -> bool:
+    """Whether the lake holds an image of the model that was there (ok or quarantined): such a
+    model stays one, whatever its folder holds now (ingest then refuses or re-scores it)."""
+    if not lake.partition_path("images", model_id).is_file():
+        return False
+    return any(s != "missing" for s in lake.read("images", [model_id]).column("state").to_pylist())
+
+
+def nightly_skip(lake: Lake, model_id: str, keys: Sequence[str], suite_version: str,
+                 suites: dict[str, frozenset[str]]) -> str | None:
+    """The one line the nightly skips the folder ``models/<model_id>/`` (a valid id, not retired,
+    objects ``keys``) with, or None when the nightly takes it as a model of ``suite_version``:
+    an empty folder never ingested, or one of which no object names a prompt of the suite
+    (:func:`not_a_model`) and no image was ever ingested. `imagebench models list` shows the
+    same line (state "not a model"), so it never lists as "new" what the nightly will not score."""
+    if not keys and not lake.partition_path("images", model_id).is_file():
+        # An empty folder never ingested: nothing to score (one with ingested images goes on to
+        # ingest, which refuses it loudly: require_objects).
+        return f"empty folder: no objects under {MODELS_PREFIX}{model_id}/"
+    why = not_a_model(model_id, keys, suite_version, suites)
+    if why and not ever_ingested(lake, model_id):
+        return f"{why} (docs/STORAGE.md)"
+    return None
 
 
 def _source_of(images: pa.Table, model_id: str) -> str | None:
@@ -246,7 +273,7 @@ def unretire(settings: Settings, model_id: str, reason: str, actor: str | None =
 # ---- listing ---------------------------------------------------------------------------------
 
 LIST_COLUMNS = (
-    "model_id", "state", "in_store", "images_ok", "images_quarantined", "images_missing", "scored", "complete",
+    "model_id", "state", "skipped_reason", "in_store", "images_ok", "images_quarantined", "images_missing", "scored", "complete",
     "eps", "capability", "scored_at", "retired", "retired_at", "retired_by", "retired_reason", "uncalibrated",
 )
 
@@ -257,10 +284,16 @@ def is_complete(row: dict) -> bool:
     return bool(row["complete"]) and row["images_quarantined"] == 0 and row["images_missing"] == 0
 
 
-def list_models(settings: Settings, store_models: Sequence[str] | None) -> list[dict]:
+def list_models(settings: Settings, store_models: Sequence[str] | None,
+                folder_keys: Callable[[str], Sequence[str]] | None = None) -> list[dict]:
     """One row per model found in the store (``store_models``; None: store not listed), the lake's
     images or results, or the retirement record. ``state``: retired, scored (a result under the
-    suite and reference in force), ingested, new (in the store only) or unknown."""
+    suite and reference in force), ingested, new (in the store only), not a model (a store folder
+    the nightly skips: ``skipped_reason`` is its line, :func:`nightly_skip`) or unknown.
+    ``folder_keys``: a store folder's object keys (the store's ``list_model_objects``), asked only
+    of folders with no image ever ingested; None: no folder is checked."""
+    from tasks.scores.suite import prompt_ids_by_suite
+
     lake = Lake(settings.lake_dir)
     images = lake.read("images")
     counts: dict[str, Counter] = defaultdict(Counter)
@@ -274,14 +307,20 @@ def list_models(settings: Settings, store_models: Sequence[str] | None) -> list[
             results[r["model_id"]] = r
     retired = retired_models(lake)
     ids = set(counts) | set(results) | set(retired) | {m for m in store_models or [] if _valid(m)}
+    suites = None
     rows = []
     for m in sorted(ids):
         c, res, ret = counts.get(m, Counter()), results.get(m), retired.get(m)
-        state = ("retired" if ret else "scored" if res else "ingested" if c
+        skipped = None
+        if folder_keys is not None and not ret and m in (store_models or ()) and not (c["ok"] or c["quarantined"]):
+            suites = suites if suites is not None else prompt_ids_by_suite(settings.reference_dir)
+            skipped = nightly_skip(lake, m, folder_keys(m), settings.suite_version, suites)
+        state = ("retired" if ret else "not a model" if skipped else "scored" if res else "ingested" if c
                  else "new" if store_models is not None and m in store_models else "unknown")
         rows.append({
             "model_id": m,
             "state": state,
+            "skipped_reason": skipped,
             "in_store": None if store_models is None else m in store_models,
             "images_ok": c["ok"], "images_quarantined": c["quarantined"], "images_missing": c["missing"],
             "scored": res is not None,

@@ -63,7 +63,7 @@ def discover_models(settings: Settings, suite: Suite, reference: ReferenceFile) 
     no image of it ever ingested. The nightly skips it with that line; the run goes on.
     """
     from tasks.lake.tables import Lake
-    from tasks.runs.models import not_a_model, retired_models
+    from tasks.runs.models import nightly_skip, retired_models
     from tasks.scores.suite import prompt_ids_by_suite
     from tasks.store.storage import (
         InvalidModelId,
@@ -90,14 +90,9 @@ def discover_models(settings: Settings, suite: Suite, reference: ReferenceFile) 
             plans.append(ModelPlan(model_id, "retired", None, f"retired: {retired[model_id]['reason']}"))
             continue
         objects = store.list_model_objects(model_id)
-        if not objects and not lake.partition_path("images", model_id).is_file():
-            # An empty folder never ingested: nothing to score (one with ingested images goes on
-            # to ingest, which refuses it loudly: tasks.runs.models.require_objects).
-            plans.append(ModelPlan(model_id, "invalid", None, f"empty folder: no objects under models/{model_id}/"))
-            continue
-        why = not_a_model(model_id, [o.key for o in objects], suite.version, suites)
-        if why and not _ever_ingested(lake, model_id):
-            plans.append(ModelPlan(model_id, "invalid", None, f"{why} (docs/STORAGE.md)"))
+        why = nightly_skip(lake, model_id, [o.key for o in objects], suite.version, suites)
+        if why:  # `imagebench models list` shows the same line (tasks.runs.models.list_models)
+            plans.append(ModelPlan(model_id, "invalid", None, why))
             continue
         fp = listing_fingerprint(objects)
         status = "candidate"
@@ -108,14 +103,6 @@ def discover_models(settings: Settings, suite: Suite, reference: ReferenceFile) 
                 status = "up_to_date"
         plans.append(ModelPlan(model_id, status, fp))
     return plans
-
-
-def _ever_ingested(lake, model_id: str) -> bool:
-    """Whether the lake holds an image of the model that was there (ok or quarantined): such a
-    model stays one, whatever its folder holds now (ingest then refuses or re-scores it)."""
-    if not lake.partition_path("images", model_id).is_file():
-        return False
-    return any(s != "missing" for s in lake.read("images", [model_id]).column("state").to_pylist())
 
 
 def classify(settings: Settings, suite: Suite, reference: ReferenceFile, model_id: str) -> str:

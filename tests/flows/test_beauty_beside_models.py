@@ -254,3 +254,42 @@ def test_the_run_record_counts_a_skipped_folder_and_its_artifact_says_why():
     page = record.markdown(row)
     assert "| invalid | 1 | a |" in page
     assert "## Skipped folders (no model of the suite)\n\n- `a`: models/a/ is not a model of imagebench-v1" in page
+
+
+def test_models_list_shows_a_folder_the_nightly_skips_as_no_model_with_the_nightlys_reason(built_reference):
+    """`imagebench models list` used to show a study's tool left under models/ (and a stray folder)
+    as state "new", as if the nightly would score it. It shows what the nightly does with each
+    folder: "not a model" with the very line the nightly skips it with; a real new model stays
+    "new"; a model ever ingested stays one whatever its folder holds now."""
+    from schemas.settings import load_settings
+    from tasks.runs import pinned, units_discover
+    from tests.flows.test_cli import invoke
+
+    home, objects, reference = built_reference
+    beauty_ids = pin_beauty_suite(reference.parent)
+    put_tool(objects, "models/<tool>/<prompt_id>.png", "a", beauty_ids, seed=90)
+    (objects / "models" / "notes").mkdir()
+    (objects / "models" / "notes" / "readme.txt").write_text("upload instructions\n")
+    (objects / "models" / "hollow").mkdir()  # an empty folder, never ingested
+    put_model(objects, "lab-x", eligible_ids()[:6], seed=41)
+
+    r = invoke("models", "list", "--format", "json")
+    assert r.exit_code == 0, r.output
+    listed = {x["model_id"]: x for x in json.loads(r.stdout)}
+    settings = load_settings()
+    suite = pinned.load_pinned_suite(settings)
+    plans = {p.model_id: p for p in units_discover.discover_models(
+        settings, suite, pinned.load_verified_reference(settings, suite, None))}
+    skipped = {m for m, p in plans.items() if p.status == "invalid"}
+    assert skipped == {"a", "notes", "hollow"}, plans
+    for m in skipped:
+        assert listed[m]["state"] == "not a model", listed[m]
+        assert listed[m]["skipped_reason"] == plans[m].detail  # the nightly's own line, word for word
+    assert "beauty/beauty-index-v1/a/" in listed["a"]["skipped_reason"]
+    assert listed["lab-x"]["state"] == "new" and listed["lab-x"]["skipped_reason"] is None
+    assert listed["base-a"]["state"] in ("scored", "ingested") and listed["base-a"]["skipped_reason"] is None
+
+    table = invoke("models", "list")
+    assert table.exit_code == 0, table.output
+    assert "notamodel" in _flat(table.stdout), table.stdout
+    assert _flat("skipped by the nightly: models/a/ is not a model of imagebench-v1") in _flat(table.stdout), table.stdout
