@@ -23,6 +23,7 @@ from fastapi.responses import JSONResponse, RedirectResponse, Response
 from starlette.concurrency import run_in_threadpool
 
 from schemas.study import MEMO_KEEP_CONSENT, MEMO_MAX_SECONDS, MEMO_PUBLISH_CONSENT
+from tasks.panel.answer_js import SEND_ANSWER_JS
 from tasks.panel.app import COOKIES, CSS, MAX_POSITION, PANEL_ENDED, PanelShell, _message, _page, parse_position, refusal
 from tasks.panel.blind import opaque_id
 from tasks.panel.limits import BodyLimit
@@ -36,9 +37,9 @@ MEMO_MAX_BYTES = 1_000_000  # 10 s of Opus is ~20-40 kB; anything near 1 MB is n
 MEMO_TYPES = MEMO_CONTAINERS  # accepted memo types (tasks/panel/memo_audio.py decodes each upload)
 
 
-JS = """(function(){
+JS = SEND_ANSWER_JS + """(function(){
 var form=document.getElementById('answer-form'); if(!form) return;
-var sent=false, pending=false, saving=null;
+var sent=false, pending=false;
 // Time on screen (issue 27 item 4): the image is on screen from the browser's own load event, not
 // from when the server began sending it (a slow link's download is no viewing). Milliseconds from
 // this page's time origin, sent with the answer; the server bounds them by its own times.
@@ -48,29 +49,13 @@ function loaded(t){ var r=performance.getEntriesByName(img.currentSrc||img.src,'
   if(r) stamp('t_request',r.startTime);
   stamp('t_loaded',t!==undefined?t:(r&&r.responseEnd>0?r.responseEnd:performance.now())); }
 if(img){ if(img.complete&&img.naturalWidth>0) loaded(); else img.addEventListener('load',function(){ loaded(performance.now()); }); }
-function say(text){ if(!saving){ saving=document.createElement('p'); saving.id='saving'; saving.setAttribute('role','status');
-  form.parentNode.insertBefore(saving,form.nextSibling); } saving.textContent=text; }
-// One answer per page: a second click, key or submit is dropped. The answer is sent by fetch and
-// kept until the server has it: a busy server (503), a proxy with no server behind it (502, 504)
-// or no connection at all gets the same form again, after 1, 2, 4, then every 8 s. The store keys
-// an answer by judge and position, so an answer sent twice is recorded once.
+// One answer per page: a second click, key or submit is dropped. The answer is kept until the
+// server has it and sent again by itself (the panel shell's sender, tasks/panel/answer_js.py).
 form.addEventListener('submit',function(e){
   e.preventDefault(); if(sent||pending) return; sent=true; stamp('t_answer',performance.now());
   var body=new URLSearchParams(new FormData(form)); if(e.submitter&&e.submitter.name) body.append(e.submitter.name,e.submitter.value);
   Array.prototype.forEach.call(form.querySelectorAll('button'),function(b){ b.disabled=true; });
-  send(body.toString(),0); });
-function send(body,tries){
-  say(tries?'Saving... (the server did not take it yet: trying again)':'Saving...');
-  fetch(form.action,{method:'POST',body:body,credentials:'same-origin',redirect:'manual',
-                     headers:{'Content-Type':'application/x-www-form-urlencoded'}})
-    .then(function(r){
-      if(r.type==='opaqueredirect'){ location.assign('/judge'); return; }  // recorded: the next image
-      if(r.status===502||r.status===503||r.status===504){ later(body,tries); return; }
-      return r.text().then(function(t){  // refused for good (session ended, study closed...): its page
-        var doc=new DOMParser().parseFromString(t,'text/html'); document.title=doc.title||document.title;
-        document.body.innerHTML=doc.body?doc.body.innerHTML:t; }); },
-      function(){ later(body,tries); }); }
-function later(body,tries){ setTimeout(function(){ send(body,tries+1); },Math.min(1000*Math.pow(2,tries),8000)); }
+  panelSendAnswer(form,body.toString(),'/judge'); });
 document.addEventListener('keydown',function(e){ if(e.ctrlKey||e.metaKey||e.altKey||e.repeat) return;
   var k=e.key.toLowerCase(); if(k!=='y'&&k!=='n') return; e.preventDefault();
   form.requestSubmit(document.getElementById(k==='y'?'yes':'no')); });

@@ -29,9 +29,10 @@ from fastapi.responses import RedirectResponse, Response
 from starlette.concurrency import run_in_threadpool
 
 from schemas.vab import RUBRIC_AVOID, RUBRICS, SET_NAME_RE, VabTask
-from tasks.panel.app import COOKIE, CSS, PanelShell, _message, _page, refusal
+from tasks.panel.answer_js import SEND_ANSWER_JS
+from tasks.panel.app import COOKIE, CSS, PANEL_ENDED, PanelShell, _message, _page, refusal
 from tasks.panel.blind import BLIND_EXTENSION, blind_image, opaque_id
-from tasks.panel.store import PanelError, sha256_hex
+from tasks.panel.store import PanelError, StudyClosed, sha256_hex
 from tasks.vab.store import PROTOCOLS, VabPanelStore
 
 # The experts' rubric per domain: schemas.vab.RUBRICS (the paper's criteria; our VLM prompt uses the same).
@@ -46,13 +47,16 @@ button.zoom{all:unset;cursor:zoom-in;display:block}button.zoom:focus-visible{out
 #viewer[hidden]{display:none}#viewer img{display:block;max-width:100vw;max-height:calc(100vh - 2.5rem);width:auto;height:auto}
 #viewer p{color:#ddd;margin:.4rem;font-size:.95rem}body.viewing{overflow:hidden}"""
 
-VAB_JS = """(function(){
+# One answer per page; kept until the server has it and sent again by itself after a 503, 502, 504
+# or a lost connection, as the Beauty Index page does (the panel shell's sender, tasks/panel/answer_js.py).
+VAB_JS = SEND_ANSWER_JS + """(function(){
 var form=document.getElementById('answer-form'); if(!form) return; var sent=false, msg=document.getElementById('check');
 form.addEventListener('submit',function(e){
-  if(sent){ e.preventDefault(); return; }
+  e.preventDefault(); if(sent) return;
   var b=form.querySelector('input[name=best]:checked'), w=form.querySelector('input[name=worst]:checked');
-  if(b&&w&&b.value===w.value){ e.preventDefault(); msg.textContent='The best and the worst must be different images.'; return; }
-  sent=true; });
+  if(b&&w&&b.value===w.value){ msg.textContent='The best and the worst must be different images.'; return; }
+  sent=true; msg.textContent=''; document.getElementById('submit').disabled=true;
+  panelSendAnswer(form,new URLSearchParams(new FormData(form)).toString(),'/expert'); });
 })();
 (function(){
 // One image at full size (click it, or press its number), then back (Esc, Enter, click); arrows for the others.
@@ -196,6 +200,14 @@ def _rubric(domain: str) -> str:
             f'<p>{html.escape(RUBRIC_COMMON_AVOID)}</p></div>')
 
 
+def _refused(title: str, exc: PanelError) -> Response:
+    """A store's refusal as a page titled ``title``. A closed study's page says only that the panel
+    has ended, as the Beauty Index's does (issue 27 item 8): an expert is not shown the study's id."""
+    if isinstance(exc, StudyClosed):
+        return _message(*PANEL_ENDED, exc.status)
+    return _message(title, str(exc), exc.status)
+
+
 def create_vab_app(settings, study_id: str):
     """The ASGI app of one open VAB expert study."""
     d = study_dir(settings, study_id)
@@ -208,7 +220,7 @@ def create_vab_app(settings, study_id: str):
     # open their link from webmail, and Strict drops the cookie on the redirect of a navigation
     # that started on another site (docs/BEAUTY.md, "Sessions").
     shell = PanelShell(store, cookies={"expert": COOKIE, "admin": COOKIE},
-                       on_refusal=lambda exc: _message("Not recorded", str(exc), exc.status))
+                       on_refusal=lambda exc: _refused("Not recorded", exc))
     app = shell.app
 
     @app.get("/static/panel.css")
@@ -234,7 +246,7 @@ def create_vab_app(settings, study_id: str):
         try:
             item = await run_in_threadpool(store.next_item, label)
         except PanelError as exc:
-            return _message("Nothing to do", str(exc), exc.status)
+            return _refused("Nothing to do", exc)
         if item is None:
             return _message("Thank you", "You have answered every set. You can close this page.", 200)
         n = len(item.image_ids)

@@ -147,9 +147,10 @@ class Served:
 
 
 @contextmanager
-def serve(settings, study_id: str, host: str = "127.0.0.1", public_url: str | None = None) -> Iterator[Served]:
+def serve(settings, study_id: str, host: str = "127.0.0.1", public_url: str | None = None, app=None) -> Iterator[Served]:
     """The real app on uvicorn, loopback (``host``: any 127.x address), a port the OS picks (a
-    bound socket: no race). ``public_url``: the panel's public address (https: Secure cookies)."""
+    bound socket: no race). ``public_url``: the panel's public address (https: Secure cookies).
+    ``app``: another protocol's app to serve instead of the Beauty Index's (VAB's expert panel)."""
     from tasks.beauty.panel import create_app
     from tasks.panel.app import make_server
 
@@ -162,7 +163,8 @@ def serve(settings, study_id: str, host: str = "127.0.0.1", public_url: str | No
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, 0))
     port = sock.getsockname()[1]
-    server = make_server(create_app(settings, study_id, public_url=public_url), host, port, configure_logging=False)
+    app = app if app is not None else create_app(settings, study_id, public_url=public_url)
+    server = make_server(app, host, port, configure_logging=False)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     deadline = time.monotonic() + 20
