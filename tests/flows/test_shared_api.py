@@ -343,8 +343,10 @@ def test_the_warm_servers_api_port_is_ours_before_ps_shows_it(other_user, reacha
             proc.wait(30)
         events = squatter.stop()
     assert not squatter.secrets_received(), f"the secret reached the other user's listener: {events}"
-    (tried,) = [e for e in events if e["event"] in ("bound", "bind-failed")]
-    assert tried["event"] == "bind-failed", events
+    # One try per uvicorn process the squatter saw: on a loaded machine the warm server may start
+    # its API again (a start that missed its health deadline), on the same held socket.
+    tried = [e for e in events if e["event"] in ("bound", "bind-failed")]
+    assert tried and all(e["event"] == "bind-failed" for e in tried), events
     assert proc.returncode == 0 and out.startswith("flows "), err[-3000:]
 
 
