@@ -92,7 +92,9 @@ MODEL_SCORES = pa.schema(
         pa.field("reference_sha256", pa.string(), nullable=False),
         pa.field("scorer_name", pa.string(), nullable=False),
         pa.field("scorer_id", pa.string(), nullable=False),
-        pa.field("eps", pa.float64(), nullable=False),
+        # Null when no eligible prompt was scored (eps_prompts_scored = 0): absent, never 0. Files
+        # written when this was required read the same (nullability is not checked on read).
+        pa.field("eps", pa.float64()),
         pa.field("eps_prompts_scored", pa.int32(), nullable=False),
         pa.field("eps_prompts_eligible", pa.int32(), nullable=False),
         pa.field("eps_prompts_lost", pa.int32(), nullable=False),  # missing or quarantined: counted as 0
@@ -104,8 +106,8 @@ MODEL_SCORES = pa.schema(
         # 95% interval of EPS from the paired bootstrap's variance, on the logit scale (resampling
         # prompts with a fixed seed, so each model's interval depends only on its own data;
         # docs/STATISTICS.md section 4). Capability's interval is Wilson's.
-        pa.field("eps_lo", pa.float64(), nullable=False),
-        pa.field("eps_hi", pa.float64(), nullable=False),
+        pa.field("eps_lo", pa.float64()),  # null with eps
+        pa.field("eps_hi", pa.float64()),
         # Capability: 100 * PASS / (PASS + FAIL); missing/quarantined images are FAIL; ERROR,
         # UNPARSABLE and not-judged are undecided (coverage < 1 -> provisional). Null: nothing judged.
         pa.field("capability", pa.float64()),
@@ -115,7 +117,7 @@ MODEL_SCORES = pa.schema(
         pa.field("verdicts_fail", pa.int32(), nullable=False),
         pa.field("verdicts_undecided", pa.int32(), nullable=False),  # ERROR, UNPARSABLE or not judged
         pa.field("judge_coverage", pa.float64(), nullable=False),  # (PASS + FAIL) / prompts in the suite
-        pa.field("overall", pa.float64()),  # 0.5 * capability + 0.5 * eps
+        pa.field("overall", pa.float64()),  # 0.5 * capability + 0.5 * eps; null when either is
         pa.field("overall_lo", pa.float64()),
         pa.field("overall_hi", pa.float64()),
         pa.field("provisional", pa.bool_(), nullable=False),  # Capability/Overall not final: judge coverage < 1

@@ -336,7 +336,7 @@ def breakdown_rows(settings: Settings, model: str, by: str) -> tuple[list[str], 
     weights). ``fail`` counts every FAIL the headline counts: those of a judge and the missing or
     quarantined images (``fail_no_image``, FAIL by rule)."""
     from tasks.runs import pinned
-    from tasks.scores.breakdown import capability_by_group
+    from tasks.scores.breakdown import capability_by_group, group_eps
     from tasks.lake.views import model_prompts, paired_vectors
 
     suite = pinned.load_pinned_suite(settings)
@@ -345,10 +345,11 @@ def breakdown_rows(settings: Settings, model: str, by: str) -> tuple[list[str], 
     verdicts, contributions = paired_vectors(views, suite, reference)
     groups = [getattr(p, by) for p in suite.prompts]
     per_group, total = capability_by_group([v.state for v in views], verdicts, groups)
+    scored = [v.mu is not None for v in views]
 
     def row(g, members: list[int]) -> list:
         elig = [i for i in members if suite.prompts[i].eps_eligible]
-        eps = 100.0 * float(sum(contributions[i] for i in elig)) / len(elig) if elig else None
+        eps = group_eps(contributions, scored, elig)  # None: no eligible prompt of the group scored
         return [g.group, g.capability, g.passed, g.failed, g.failed_no_image, g.undecided, g.decided, g.judged,
                 g.prompts, g.coverage, eps, len(elig)]
 

@@ -36,8 +36,9 @@ def report_data_from_lake(settings: Settings, suite: Suite, reference: Reference
         views = model_prompts(settings, suite, reference, model_id)
         verdicts, contributions = paired_vectors(views, suite, reference)
         states = [v.state for v in views]
-        by_category[model_id] = _groups(suite, states, verdicts, contributions, eligible, "category")
-        by_tag[model_id] = _groups(suite, states, verdicts, contributions, eligible, "tag")
+        scored = [v.mu is not None for v in views]
+        by_category[model_id] = _groups(suite, states, verdicts, contributions, eligible, "category", scored)
+        by_tag[model_id] = _groups(suite, states, verdicts, contributions, eligible, "tag", scored)
         for p, v in zip(suite.prompts, views):
             images.append(
                 ImageRow(
@@ -59,17 +60,18 @@ def report_data_from_lake(settings: Settings, suite: Suite, reference: Reference
     )
 
 
-def _groups(suite: Suite, states, verdicts, contributions: np.ndarray, eligible: set[str], key: str) -> dict:
+def _groups(suite: Suite, states, verdicts, contributions: np.ndarray, eligible: set[str], key: str,
+            scored: list[bool]) -> dict:
     """Per group: its PASS / FAIL / no-image / undecided counts, which add up over the groups to
     the model's headline Capability (tasks/scores/breakdown.py), and its EPS."""
-    from tasks.scores.breakdown import capability_by_group
+    from tasks.scores.breakdown import capability_by_group, group_eps
     from tasks.report import GroupScore
 
     groups = [getattr(p, key) for p in suite.prompts]
     out = {}
     for g in capability_by_group(states, verdicts, groups)[0]:
         elig = [i for i, x in enumerate(groups) if x == g.group and suite.prompts[i].prompt_id in eligible]
-        eps = 100.0 * float(np.mean(contributions[elig])) if elig else None
+        eps = group_eps(contributions, scored, elig)  # None: no eligible prompt of the group scored
         out[g.group] = GroupScore(
             capability=g.capability, eps=eps, n=g.prompts, decided=g.decided, judged=g.judged, passed=g.passed,
             failed=g.failed, no_image=g.failed_no_image, undecided=g.undecided,

@@ -493,7 +493,9 @@ ORDER BY study_id, beauty_index DESC NULLS LAST, tool
 def _leaderboard_sql(suite_version: str, reference_version: str) -> str:
     """Latest model_scores row per model, with arena-style rank bands on Overall (EPS when no
     model has a Capability yet): rank = 1 + models whose lower bound is above this upper bound;
-    rank_worst = models whose upper bound reaches this lower bound (the model itself included)."""
+    rank_worst = models whose upper bound reaches this lower bound (the model itself included).
+    A model without EPS (no eligible prompt scored) has no Overall either: no band (null), listed
+    last, and neither counted in the others' bands nor deciding which axis they are ranked on."""
     # Some columns are computed (`complete`, `judged`, ...: LEADERBOARD_EXPRESSIONS); retired models are left out.
     cols = ", ".join(f"{LEADERBOARD_EXPRESSIONS[c]} AS {_ident(c)}" if c in LEADERBOARD_EXPRESSIONS else f"l.{_ident(c)}"
                      for c in LEADERBOARD_COLUMNS)
@@ -505,7 +507,7 @@ WITH latest AS MATERIALIZED (
       AND model_id NOT IN (SELECT model_id FROM retired_models)
     QUALIFY row_number() OVER (PARTITION BY model_id ORDER BY scored_at DESC, run_id DESC) = 1
 ),
-axis AS (SELECT bool_and(overall IS NOT NULL) AS use_overall FROM latest),
+axis AS (SELECT bool_and(overall IS NOT NULL) FILTER (WHERE eps IS NOT NULL) AS use_overall FROM latest),
 banded AS MATERIALIZED (
     SELECT l.*,
         CASE WHEN a.use_overall THEN l.overall ELSE l.eps END AS rank_score,
@@ -513,6 +515,7 @@ banded AS MATERIALIZED (
         CASE WHEN a.use_overall THEN coalesce(l.overall_hi, l.overall) ELSE coalesce(l.eps_hi, l.eps) END AS rank_hi
     FROM latest l CROSS JOIN axis a
 ),
+ranked AS (SELECT * FROM banded WHERE rank_score IS NOT NULL),
 -- Counting by sorting instead of a pairwise self-join (10,000 models = 10^8 pairs): sort the
 -- bounds from the top; a model's "above" is the number of lower bounds before its upper bound
 -- (ties: the model's row first, so only strictly greater bounds count), its "reach" the number
@@ -521,21 +524,21 @@ banded AS MATERIALIZED (
 above AS (
     SELECT model_id, row_number() OVER (ORDER BY v DESC, kind DESC, model_id)
                      - row_number() OVER (PARTITION BY kind ORDER BY v DESC, model_id) AS n
-    FROM (SELECT rank_lo AS v, 0 AS kind, model_id FROM banded UNION ALL SELECT rank_hi, 1, model_id FROM banded)
+    FROM (SELECT rank_lo AS v, 0 AS kind, model_id FROM ranked UNION ALL SELECT rank_hi, 1, model_id FROM ranked)
     QUALIFY kind = 1
 ),
 reach AS (
     SELECT model_id, row_number() OVER (ORDER BY v DESC, kind ASC, model_id)
                      - row_number() OVER (PARTITION BY kind ORDER BY v DESC, model_id) AS n
-    FROM (SELECT rank_hi AS v, 0 AS kind, model_id FROM banded UNION ALL SELECT rank_lo, 1, model_id FROM banded)
+    FROM (SELECT rank_hi AS v, 0 AS kind, model_id FROM ranked UNION ALL SELECT rank_lo, 1, model_id FROM ranked)
     QUALIFY kind = 1
 )
 SELECT
     1 + above.n AS "rank",
     reach.n AS rank_worst,
     {cols}
-FROM banded l JOIN above USING (model_id) JOIN reach USING (model_id)
-ORDER BY l.rank_score DESC, l.model_id
+FROM banded l LEFT JOIN above USING (model_id) LEFT JOIN reach USING (model_id)
+ORDER BY l.rank_score DESC NULLS LAST, l.model_id
 """
 
 

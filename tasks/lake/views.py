@@ -1,7 +1,8 @@
 """Per-prompt views of one model (what the report pages and `imagebench compare` read).
 
 Same rules as ``work.aggregate_model``: a verdict or mu counts only for the image it was
-produced from; missing and quarantined images are FAIL for Capability and 0 for EPS.
+produced from; missing and quarantined images are FAIL for Capability and 0 for EPS (no EPS at
+all when no eligible prompt was scored: ``stats.eps_contributions``).
 """
 
 from __future__ import annotations

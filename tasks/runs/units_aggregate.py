@@ -202,7 +202,8 @@ def _model_scores_row(
 
     result, cap, states = inputs.eps, inputs.cap, inputs.states
     capability = finite(cap.capability)
-    overall = None if capability is None else 0.5 * capability + 0.5 * result.eps
+    eps = finite(result.eps)  # None: no eligible prompt scored (absent, never 0)
+    overall = None if capability is None or eps is None else 0.5 * capability + 0.5 * eps
     return {
         "model_id": inputs.model_id,
         "suite_version": suite.version,
@@ -210,7 +211,7 @@ def _model_scores_row(
         "reference_sha256": ref_sha,
         "scorer_name": reference.scorer.scorer_name,
         "scorer_id": reference.scorer_id,
-        "eps": result.eps,
+        "eps": eps,
         "eps_prompts_scored": result.prompts_scored,
         "eps_prompts_eligible": result.prompts_eligible,
         "eps_prompts_lost": result.prompts_lost,
@@ -221,8 +222,8 @@ def _model_scores_row(
         # one a mu. Judge coverage is `provisional`, not this.
         "complete": result.prompts_lost == 0 and states.count("ok") == len(suite.prompts),
         "uncalibrated": inputs.uncalibrated,
-        "eps_lo": finite(ci.eps[0]),
-        "eps_hi": finite(ci.eps[1]),
+        "eps_lo": finite(ci.eps[0]) if eps is not None else None,
+        "eps_hi": finite(ci.eps[1]) if eps is not None else None,
         "capability": capability,
         "capability_lo": finite(ci.capability[0]) if capability is not None else None,
         "capability_hi": finite(ci.capability[1]) if capability is not None else None,

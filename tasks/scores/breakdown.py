@@ -6,7 +6,9 @@ only decided prompts are such FAILs hid them: demo-patchy's 37.0 (10 PASS of 27 
 not be traced from its categories. Here every group carries its PASS, judge FAIL, no-image FAIL
 and undecided counts; summed over the groups they are the model's, and a group's Capability is
 its own PASS / decided whenever the headline is a figure at all (some judge decided something),
-so ``sum(PASS) / sum(decided)`` over the groups is the headline. Pure functions, no I/O.
+so ``sum(PASS) / sum(decided)`` over the groups is the headline. A group's EPS
+(:func:`group_eps`) follows the headline's rule: lost images count 0 beside a scored prompt, and a
+group with no eligible prompt scored has no EPS (absent, never 0). Pure functions, no I/O.
 """
 
 from __future__ import annotations
@@ -85,3 +87,14 @@ def capability_by_group(
     # The invariant this module exists for: the groups recombine to the headline.
     assert total.decided == headline.decided and total.passed == headline.passed
     return rows, total
+
+
+def group_eps(contributions: Sequence[float], scored: Sequence[bool], eligible_members: Sequence[int]) -> float | None:
+    """EPS of one group: ``100 * mean`` of the EPS contributions of its eligible prompts (indices
+    ``eligible_members`` into ``contributions`` and ``scored``; a lost image contributes 0), or None
+    when the group has no eligible prompt or none of them was scored (``scored[i]``: prompt ``i``
+    has a mu). The same rule as the model's EPS (tasks/scores/eps.py), per group."""
+    members = list(eligible_members)
+    if not any(scored[i] for i in members):
+        return None
+    return 100.0 * math.fsum(float(contributions[i]) for i in members) / len(members)

@@ -6,7 +6,9 @@ prompt with the frozen reference mu of that prompt::
     EPS = 100 * mean over ALL eligible prompts p of  sigmoid(mu[p] - mu_ref[p])
 
 An eligible prompt without a mu (image missing or quarantined) contributes 0: it is a loss and is
-counted in ``prompts_lost``. A model's EPS therefore depends only on its own mu and the frozen
+counted in ``prompts_lost``. That holds while at least one eligible prompt has a mu: with none, EPS
+is NaN (absent, as Capability with no judged verdict), never 0 (a figure with nothing behind it,
+docs/STATISTICS.md section 2). A model's EPS therefore depends only on its own mu and the frozen
 reference: adding, removing or re-scoring any other model never changes it.
 
 The reference mu of a prompt is the median of the baseline models' mu on that prompt
@@ -38,7 +40,7 @@ def sigmoid(x: Any) -> Any:
 
 @dataclass(frozen=True)
 class EpsResult:
-    eps: float  # 0..100
+    eps: float  # 0..100; NaN when no eligible prompt has a mu (prompts_scored == 0)
     prompts_scored: int  # eligible prompts that had a mu
     prompts_eligible: int  # all eligible prompts of the suite (the denominator)
     prompts_lost: int  # eligible prompts without a mu: each counted as 0
@@ -67,7 +69,8 @@ def eps(
 
     ``mu_by_prompt``: the model's HPSv3 mu per prompt id (prompts without a usable image are simply
     absent). ``mu_ref``: the frozen reference mu per prompt id. ``eligible_ids``: the suite's
-    EPS-eligible prompt ids (the denominator). mu of non-eligible prompts is ignored.
+    EPS-eligible prompt ids (the denominator). mu of non-eligible prompts is ignored. With no
+    eligible prompt scored, ``eps`` is NaN: the lost images count 0 only beside a scored one.
 
     Raises ``ValueError`` when ``mu_ref`` lacks an eligible prompt, when a reference or model mu of
     an eligible prompt is not finite, or when ``eligible_ids`` is empty or has duplicates.
@@ -96,7 +99,8 @@ def eps(
     mu = np.array(mus, dtype=np.float64)
     wins = sigmoid(mu - ref[scored_idx]) if scored_idx else np.zeros(0, dtype=np.float64)
     # fsum: exactly rounded, so the result does not depend on prompt order.
-    value = 100.0 * math.fsum(wins.tolist()) / len(ids)
+    # Nothing scored: no figure (NaN), not 0 from the lost images alone.
+    value = 100.0 * math.fsum(wins.tolist()) / len(ids) if scored_idx else math.nan
     return EpsResult(
         eps=float(value),
         prompts_scored=len(scored_idx),

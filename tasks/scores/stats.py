@@ -13,6 +13,8 @@ Pure functions over sequences and numpy arrays, float64 everywhere, no I/O. The 
 
 - ``EPS = 100 * mean over eligible prompts of e`` where ``e = sigmoid(mu - mu_ref)`` and a lost
   image contributes 0 (:func:`eps_contributions`, the same numbers as :func:`tasks.scores.eps.eps`).
+  With no eligible prompt scored, every contribution is NaN and EPS is NaN (absent, never 0),
+  as Capability is with no judged verdict.
 - ``Overall = 0.5 * Capability + 0.5 * EPS``.
 
 Intervals come from ONE bootstrap over the suite's prompts (:func:`bootstrap_draws`): each resample
@@ -29,7 +31,8 @@ size of their bootstrap variance, Overall's Capability half never less variable 
 interval says; ``compare`` combines the two models' intervals with the correlation of their paired
 draws (MOVER). A percentile interval would claim certainty from 15 PASS of 15 ([100, 100]).
 
-NaN rules: a score is NaN when its denominator is 0 (no decided verdict; no eligible prompt). A
+NaN rules: a score is NaN when its denominator is 0 (no decided verdict; no eligible prompt scored:
+a model's EPS row all NaN). A
 resample in which a model's Capability is undefined (no decided prompt drawn) is left out of that
 model's Capability and Overall intervals, of its rank and of its comparisons; when every resample
 is undefined the interval is ``(nan, nan)``.
@@ -246,8 +249,10 @@ def eps_contributions(
 ) -> np.ndarray:
     """Per-prompt EPS contributions of one model, float64, in ``prompt_ids`` order:
     ``sigmoid(mu - mu_ref)`` for an eligible prompt with a mu, ``0.0`` for an eligible prompt
-    without one (lost image), NaN for a non-eligible prompt. ``100 * nanmean`` of the result is
-    :func:`tasks.scores.eps.eps` of the same inputs (up to the last bits: scoring uses ``fsum``).
+    without one (lost image), NaN for a non-eligible prompt. When no eligible prompt has a mu, every
+    entry is NaN: the model has no EPS (absent, not 0; the bootstrap reads such a row so).
+    ``100 * nanmean`` of the result is :func:`tasks.scores.eps.eps` of the same inputs (up to the
+    last bits: scoring uses ``fsum``; NaN for NaN).
 
     Raises ``ValueError`` on duplicate prompt ids, eligible ids outside ``prompt_ids``, no
     eligible prompt, or a missing / non-finite reference or a non-finite mu of an eligible
@@ -279,6 +284,8 @@ def eps_contributions(
         out[i] = float(sigmoid(mu - float(mu_ref[p])))
     if no_ref:
         raise ValueError(f"missing or non-finite mu_ref for eligible prompt(s) {no_ref[:5]}")
+    if not any(mu_by_prompt.get(p) is not None for p in eligible):
+        out[:] = math.nan  # nothing scored: lost images alone are no figure
     return out
 
 
@@ -354,7 +361,8 @@ def _as_pass_array(values: Any, what: str) -> np.ndarray:
 
 
 def _as_eps_array(values: Any, eligible: np.ndarray, what: str) -> np.ndarray:
-    """EPS contributions -> float64 array with NaN on non-eligible prompts (ignored there)."""
+    """EPS contributions -> float64 array with NaN on non-eligible prompts (ignored there). A row
+    (model) NaN on every eligible prompt has no EPS (nothing scored: :func:`eps_contributions`)."""
     try:
         arr = np.array(values, dtype=np.float64)
     except (TypeError, ValueError) as exc:
@@ -363,11 +371,12 @@ def _as_eps_array(values: Any, eligible: np.ndarray, what: str) -> np.ndarray:
         raise ValueError(f"{what} has {arr.shape[-1:]} prompts, eligible mask has {eligible.shape}")
     arr[..., ~eligible] = math.nan
     vals = arr[..., eligible]
-    bad = ~np.isfinite(vals) | (vals < 0.0) | (vals > 1.0)
+    unscored = np.isnan(vals).all(axis=-1, keepdims=True)  # a model with no eligible prompt scored
+    bad = (~np.isfinite(vals) | (vals < 0.0) | (vals > 1.0)) & ~unscored
     if bad.any():
         raise ValueError(
             f"{what}: {int(bad.sum())} eligible entr(y/ies) not a finite number in [0, 1] "
-            "(a lost image contributes 0.0, not NaN)"
+            "(a lost image contributes 0.0, not NaN; NaN on every eligible prompt: nothing scored)"
         )
     return arr
 
@@ -481,7 +490,8 @@ def bootstrap_draws(
     ``pass_matrix``: (models, P) verdict strings/None (see :func:`pass_values`) or floats in
     {1.0, 0.0, NaN}, missing/quarantined images already FAIL. ``eps_matrix``: (models, P) EPS
     contributions in [0, 1] (0.0 for a lost image; entries of non-eligible prompts are ignored,
-    NaN by convention: :func:`eps_contributions`). ``eligible``: (P,) boolean EPS-eligibility mask
+    NaN by convention; a row NaN on every eligible prompt: no EPS, nor Overall:
+    :func:`eps_contributions`). ``eligible``: (P,) boolean EPS-eligibility mask
     (None: every prompt is eligible). Both matrices use the same prompt order (columns).
 
     Each of the ``n_resamples`` resamples draws P prompt indices with replacement (numpy
@@ -661,7 +671,8 @@ def compare(
     point = np.stack([_point(data[0], data[1]), _point(data[2], data[3])], axis=1)  # (3, 2)
     est_a, est_b = float(point[k, 0]), float(point[k, 1])
     if math.isnan(est_a) or math.isnan(est_b):
-        raise ValueError(f"{axis} is undefined for {'A' if math.isnan(est_a) else 'B'} (nothing decided)")
+        what = "no eligible prompt scored" if axis == "eps" else "nothing decided"
+        raise ValueError(f"{axis} is undefined for {'A' if math.isnan(est_a) else 'B'} ({what})")
     dist = _paired_bootstrap(tuple(data), statistic, n_resamples, int(seed))  # (3, 2, n_resamples)
     diff = dist[k, 0] - dist[k, 1]
     ok = diff[~np.isnan(diff)]
