@@ -128,4 +128,4 @@ def test_open_answer_refusals_export_analyze_close(home, tmp_path):
     assert _invoke("vab", "panel", "close", "st1").exit_code == 0
     client.cookies.clear()
     page = client.get("/j/" + links["x01"].rsplit("/", 1)[1])
-    assert page.status_code == 409 and "closed" in page.text
+    assert page.status_code == 409 and "has ended" in page.text and "st1" not in page.text  # the study id is not the judge's to see
