@@ -76,6 +76,8 @@ def test_capability_judging_holds_the_endpoint_limits_on_a_prefect_server(prefec
     objects, qwen, gemma = paid_api
     prompts = _judged_prompts()
     put_model(objects, "judged", prompts, seed=11)
+    with get_client(sync_client=True) as client:  # the session's server holds earlier tests' endpoints too
+        before = {g.name for g in client.read_global_concurrency_limits(limit=200)}
     row = score_model_flow("judged")
     assert row["verdicts_pass"] + row["verdicts_fail"] >= N_IMAGES
     _check("judged", prompts, qwen, gemma)
@@ -83,7 +85,7 @@ def test_capability_judging_holds_the_endpoint_limits_on_a_prefect_server(prefec
         names = {g.name: g for g in client.read_global_concurrency_limits(limit=200)}
     from tasks.judges.prefect_limits import RATE_UNITS, RPM_SLOTS
 
-    ours = [g for n, g in names.items() if n.startswith("imagebench-judge-qwen3-vl-")]
+    ours = [g for n, g in names.items() if n.startswith("imagebench-judge-qwen3-vl-") and n not in before]
     assert {(g.name.rsplit("-", 1)[1], g.limit) for g in ours} == {("concurrency", 4), ("rpm", RPM_SLOTS * RATE_UNITS)}
 
 

@@ -131,12 +131,15 @@ def test_prefect_scope_holds_the_limits_across_processes(prefect_harness, tmp_pa
     from prefect.settings import PREFECT_API_URL
 
     limits = ServerLimits(max_in_flight=4, requests_per_minute=240, burst=3)
+    with get_client(sync_client=True) as client:  # the session's server holds earlier tests' endpoints too
+        before = {g.name for g in client.read_global_concurrency_limits(limit=200)}
     with FakeOpenAI(responder=lambda r: Reply(text=PASS_TEXT, delay_s=0.3), limits=limits) as srv:
         verdicts = _judge_in_processes(srv, tmp_path, LimitScope("prefect"), env={"PREFECT_API_URL": PREFECT_API_URL.value()})
     assert verdicts == ["PASS"] * 15
     assert srv.refused == 0 and srv.max_in_flight <= 4
     with get_client(sync_client=True) as client:
-        made = {g.name: g for g in client.read_global_concurrency_limits(limit=100) if g.name.startswith("imagebench-judge-alpha-")}
+        made = {g.name: g for g in client.read_global_concurrency_limits(limit=200)
+                if g.name.startswith("imagebench-judge-alpha-") and g.name not in before}
     by_kind = {name.rsplit("-", 1)[1]: g for name, g in made.items()}
     assert by_kind["concurrency"].limit == 4 and by_kind["concurrency"].slot_decay_per_second == 0
     from tasks.judges.prefect_limits import RATE_UNITS, RPM_SLOTS
