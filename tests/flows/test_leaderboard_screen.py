@@ -7,23 +7,18 @@ figures are written in the one number style while --format json keeps full preci
 from __future__ import annotations
 
 import datetime as dt
-import fcntl
 import json
 import os
-import pty
 import re
-import select
-import struct
 import subprocess
 import sys
-import termios
-import time
 
 import pyarrow as pa
 import pytest
 
 from schemas.lake import MODEL_SCORES
 from tests.flows.conftest import REPO
+from tests.terminal import on_a_terminal
 
 T0 = dt.datetime(2026, 11, 27, 16, 40, tzinfo=dt.timezone.utc)
 PROMPTS, ELIGIBLE = 192, 165
@@ -91,31 +86,10 @@ def _piped(home, *args: str, columns: int) -> str:
 def _in_terminal(home, *args: str, columns: int, rows: int = 50) -> str:
     """The command's output in a pseudo-terminal of ``columns`` x ``rows`` (no COLUMNS variable):
     what a person sees in a window that size."""
-    main, sub = pty.openpty()
-    fcntl.ioctl(sub, termios.TIOCSWINSZ, struct.pack("HHHH", rows, columns, 0, 0))
-    proc = subprocess.Popen([sys.executable, "-m", "flows.cli", "leaderboard", *args], cwd=REPO,
-                            env=_env(home, TERM="xterm-256color"), stdin=sub, stdout=sub, stderr=sub, close_fds=True)
-    os.close(sub)
-    chunks, deadline = [], time.monotonic() + 300
-    try:
-        while time.monotonic() < deadline:
-            ready, _, _ = select.select([main], [], [], 1.0)
-            if ready:
-                try:
-                    data = os.read(main, 65536)
-                except OSError:  # the terminal's other side closed: the command ended
-                    break
-                if not data:
-                    break
-                chunks.append(data)
-            elif proc.poll() is not None:
-                break
-        assert proc.wait(timeout=60) == 0, b"".join(chunks).decode(errors="replace")
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        os.close(main)
-    text = b"".join(chunks).decode("utf-8", errors="replace").replace("\r\n", "\n")
+    code, out = on_a_terminal([sys.executable, "-m", "flows.cli", "leaderboard", *args],
+                              _env(home, TERM="xterm-256color"), REPO, timeout=300, size=(columns, rows))
+    assert code == 0, out
+    text = out.replace("\r\n", "\n")
     return re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", text)  # colours and styles
 
 

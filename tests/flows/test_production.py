@@ -14,9 +14,7 @@ from __future__ import annotations
 import base64
 import json
 import os
-import pty
 import re
-import select
 import signal
 import sqlite3
 import subprocess
@@ -27,6 +25,8 @@ from pathlib import Path
 import pytest
 
 from tests.flows.conftest import REPO, eligible_ids, put_model
+from tests.flows.test_serve import _wait_for
+from tests.terminal import on_a_terminal
 
 BIN = Path(sys.executable).parent
 NOTICE = "collects anonymous usage data"
@@ -48,34 +48,6 @@ def _user_env(tmp_path: Path, **extra: str) -> dict[str, str]:
     return env
 
 
-def _on_a_terminal(cmd: list[str], env: dict[str, str], cwd: Path, timeout: float = 240) -> tuple[int, str]:
-    """Run ``cmd`` with a pseudo-terminal as stdin, stdout and stderr (what `make demo` gets); its
-    exit code and everything it wrote."""
-    master, slave = pty.openpty()
-    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdin=slave, stdout=slave, stderr=slave, close_fds=True)
-    os.close(slave)
-    out, deadline = b"", time.monotonic() + timeout
-    try:
-        while time.monotonic() < deadline:
-            ready, _, _ = select.select([master], [], [], 1.0)
-            if ready:
-                try:
-                    chunk = os.read(master, 65536)
-                except OSError:  # EIO: the terminal's other side is closed (the process ended)
-                    break
-                if not chunk:
-                    break
-                out += chunk
-            elif proc.poll() is not None:
-                break
-        else:
-            proc.kill()
-            pytest.fail(f"{cmd} still running after {timeout:.0f} s:\n{out.decode(errors='replace')}")
-    finally:
-        os.close(master)
-    return proc.wait(30), out.decode(errors="replace")
-
-
 def test_no_telemetry_notice_on_a_terminal(tmp_path):
     """A first command of a workspace on a terminal, as `make demo` runs it: Prefect's "collects
     anonymous usage data" notice is not printed (it is the client's; PREFECT_SERVER_ANALYTICS_ENABLED,
@@ -87,7 +59,7 @@ def test_no_telemetry_notice_on_a_terminal(tmp_path):
         env = _user_env(home, IMAGEBENCH_HOME=str(home / "data"), IMAGEBENCH_WARM="off", **extra)
         (home / "user-home").mkdir(parents=True)
         # Prefect is set up (its home made in the workspace), then the run stops: no reference.
-        code, out = _on_a_terminal(_imagebench("backfill", "--model", "m1", "--local"), env, home)
+        code, out = on_a_terminal(_imagebench("backfill", "--model", "m1", "--local"), env, home)
         assert code == 1 and "reference" in out, out
         assert (home / "data" / "prefect").is_dir(), out
         outputs[case] = out
@@ -110,18 +82,6 @@ def _client(api_url: str, auth: str | None):
     stack = ExitStack()
     stack.enter_context(temporary_settings(updates={PREFECT_API_URL: api_url, PREFECT_API_AUTH_STRING: auth}))
     return stack, stack.enter_context(get_client(sync_client=True))
-
-
-def _wait_for(predicate, timeout: float, what: str, proc: subprocess.Popen, log: Path):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            pytest.fail(f"process exited ({proc.returncode}) while waiting for {what}:\n{log.read_text(errors='replace')}")
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.5)
-    pytest.fail(f"timed out after {timeout:.0f} s waiting for {what}:\n{log.read_text(errors='replace')}")
 
 
 def _stop(proc: subprocess.Popen) -> None:

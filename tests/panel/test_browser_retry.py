@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
 
@@ -30,6 +32,18 @@ print("locked", flush=True)
 sys.stdin.read()
 c.execute("ROLLBACK")
 """
+
+
+@contextmanager
+def write_lock_held(db: Path):
+    """The SQLite store ``db``'s write lock, held by a second process for the ``with`` block."""
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_LOCK, str(db)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        yield
+    finally:
+        holder.stdin.close()
+        holder.wait(timeout=WAIT_S)
 
 
 def _position(drv) -> int | None:
@@ -72,18 +86,12 @@ def test_the_page_keeps_an_answer_the_server_did_not_take_and_sends_it_once(pane
         # 2. The app's own 503: a second process holds the SQLite write lock past the busy
         #    timeout (10 s). The page says it is saving and trying again; once the lock is let go,
         #    the answer lands, once.
-        holder = subprocess.Popen([sys.executable, "-c", HOLD_LOCK, str(opened.study_dir / "panel.sqlite")],
-                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        try:
-            assert holder.stdout.readline().strip() == "locked"
+        with write_lock_held(opened.study_dir / "panel.sqlite"):
             drv.find_element("tag name", "body").send_keys("n")
             WebDriverWait(drv, WAIT_S, poll_frequency=0.2).until(
                 lambda d: "trying again" in d.find_element(By.ID, "saving").text)
             assert _position(drv) == 1  # still on its image (nothing can be recorded while the lock is held)
             assert any("POST /answer 503" in line for line in served.log.lines)
-        finally:
-            holder.stdin.close()
-            holder.wait(timeout=WAIT_S)
         WebDriverWait(drv, WAIT_S, poll_frequency=0.1).until(lambda d: _position(d) == 2)
         got = _answers(opened, "r1")
         assert [(r["position"], r["answer"]) for r in sorted(got, key=lambda r: r["position"])] == [(0, True), (1, False)]

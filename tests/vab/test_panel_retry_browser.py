@@ -10,15 +10,13 @@ Modelled on tests/panel/test_browser_retry.py."""
 from __future__ import annotations
 
 import io
-import subprocess
-import sys
 
 import pytest
 from PIL import Image
 
 from schemas.vab import VabTask
 from tests.faultproxy import FaultProxy
-from tests.panel.test_browser_retry import HOLD_LOCK, WAIT_S
+from tests.panel.test_browser_retry import WAIT_S, write_lock_held
 from tests.tasks.report_helpers.browser import chromium_driver, find_browser
 
 FOUND = find_browser()
@@ -89,18 +87,12 @@ def test_the_expert_page_keeps_an_answer_the_server_did_not_take_and_sends_it_on
 
         # 2. The app's own 503: a second process holds the SQLite write lock past the busy timeout
         #    (10 s). The page says it is trying again; once the lock is let go, the answer lands, once.
-        holder = subprocess.Popen([sys.executable, "-c", HOLD_LOCK, str(opened.study_dir / "panel.sqlite")],
-                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        try:
-            assert holder.stdout.readline().strip() == "locked"
+        with write_lock_held(opened.study_dir / "panel.sqlite"):
             _pick(drv, 3, 1)
             WebDriverWait(drv, WAIT_S, poll_frequency=0.2).until(
                 lambda d: "trying again" in d.find_element(By.ID, "saving").text)
             assert _position(drv) == 1  # still on its set (nothing can be recorded while the lock is held)
             assert any("POST /answer 503" in line for line in served.log.lines)
-        finally:
-            holder.stdin.close()
-            holder.wait(timeout=WAIT_S)
         WebDriverWait(drv, WAIT_S, poll_frequency=0.1).until(lambda d: _position(d) == 2)
         assert _answers(settings) == [(0, 1, 2), (1, 3, 1)]
 
