@@ -254,11 +254,27 @@ def test_a_cold_commands_api_port_is_ours_before_ps_shows_it(other_user, reachab
         assert proc.poll() is None, log.read_text(errors="replace")[-3000:]
         (port,) = _uvicorn_ports(proc.pid)
         api, auth = f"http://127.0.0.1:{port}/api", _secret_header(home / "prefect")
-        nightly = httpx.get(f"{api}/deployments/name/nightly/nightly", headers=auth, timeout=60).json()
-        run = httpx.post(f"{api}/deployments/{nightly['id']}/create_flow_run", json={}, headers=auth, timeout=60).json()
+        answers: list[str] = []
+
+        def ok(method: str, path: str, **kw):
+            """The API's JSON once it answers 2xx: a loaded machine's SQLite-backed API may say 5xx
+            (database busy) first; what it said is kept for the failure message."""
+            r = httpx.request(method, f"{api}{path}", headers=auth, timeout=60, **kw)
+            if r.is_success:
+                return r.json()
+            answers.append(f"{method} {path}: {r.status_code} {r.text[:300]}")
+            assert r.status_code >= 500, answers[-1]  # a refusal (401, 404, 422) is a finding, not load
+            return None
+
+        try:
+            nightly = _until(lambda: ok("GET", "/deployments/name/nightly/nightly"), 300, "the nightly deployment")
+            run = _until(lambda: ok("POST", f"/deployments/{nightly['id']}/create_flow_run", json={}), 300,
+                         "a flow run of the nightly")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}; the API said: {answers[-3:]}") from None
 
         def final():
-            got = httpx.get(f"{api}/flow_runs/{run['id']}", headers=auth, timeout=60).json()["state"]
+            got = (ok("GET", f"/flow_runs/{run['id']}") or {}).get("state")
             return got if got and got["type"] in ("COMPLETED", "FAILED", "CRASHED", "CANCELLED") else None
 
         state = _until(final, 600, "the served flow run ends")  # a nightly without a reference fails
